@@ -1,0 +1,241 @@
+"""A pool of pre-created cgroups, one per concurrent execution (cgroup v1 or v2).
+
+Why a pool: creating and removing a memory cgroup per run costs more than the run of `print(1)`
+itself on v1, and removed memcgs linger as offline css. Slots are created once, reused after
+every pid in them is killed, and removed when the service stops, so nothing is left behind.
+
+Why cgroups at all: a pid namespace alone does not bound memory or process count, and `kill`
+on a process group misses `setsid` escapees; a cgroup sees every descendant.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import signal
+import time
+from dataclasses import dataclass
+
+KILL_DEADLINE_S = 5.0
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) for every cgroup mount."""
+    out = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if rfields and rfields[0] in ("cgroup", "cgroup2"):
+                out.append((fields[4], rfields[0], set(rfields[2].split(",")) if len(rfields) > 2 else set()))
+    return out
+
+
+def _own_paths() -> dict[str, str]:
+    """Controller name (or '' for v2) -> this process's cgroup path."""
+    paths = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            paths[c] = path
+    return paths
+
+
+def _pids_in(procs_file: str) -> list[int]:
+    try:
+        return [int(p) for p in _read(procs_file).split()]
+    except FileNotFoundError:
+        return []
+
+
+def _kill_until_empty(procs_files: list[str]) -> int:
+    """SIGKILL every pid listed until the cgroups are empty; returns how many kills were sent."""
+    sent, deadline = 0, time.monotonic() + KILL_DEADLINE_S
+    while time.monotonic() < deadline:
+        pids = {p for f in procs_files for p in _pids_in(f)}
+        if not pids:
+            return sent
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                sent += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.002)
+    raise RuntimeError(f"cgroup still not empty after {KILL_DEADLINE_S}s: {procs_files}")
+
+
+@dataclass
+class Slot:
+    """One execution cgroup. `attach_files` are the cgroup.procs files the child joins."""
+
+    version: int
+    dirs: dict[str, str]  # controller ('memory', 'pids', or '' for v2) -> directory
+
+    @property
+    def attach_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
+
+    def _mem(self) -> str:
+        return self.dirs["memory" if self.version == 1 else ""]
+
+    def _pids(self) -> str:
+        return self.dirs["pids" if self.version == 1 else ""]
+
+    def set_limits(self, memory_bytes: int, pids: int) -> None:
+        mem = self._mem()
+        if self.version == 1:
+            limit, memsw = os.path.join(mem, "memory.limit_in_bytes"), os.path.join(mem, "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):
+                # memsw must stay >= limit at every moment, so the write order depends on direction.
+                try:
+                    _write(memsw, str(memory_bytes))
+                    _write(limit, str(memory_bytes))
+                except OSError:
+                    _write(limit, str(memory_bytes))
+                    _write(memsw, str(memory_bytes))
+            else:
+                _write(limit, str(memory_bytes))
+        else:
+            _write(os.path.join(mem, "memory.max"), str(memory_bytes))
+            swap = os.path.join(mem, "memory.swap.max")
+            if os.path.exists(swap):
+                _write(swap, "0")
+        _write(os.path.join(self._pids(), "pids.max"), str(pids))
+
+    def oom_kills(self) -> int:
+        """Monotonic count of OOM kills in this slot (compare before/after a run)."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for line in _read(os.path.join(self._mem(), name)).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def memory_failures(self) -> int:
+        """v1 failcnt / v2 'max' events: how often the limit was hit (fallback OOM signal)."""
+        if self.version == 1:
+            return int(_read(os.path.join(self._mem(), "memory.failcnt")))
+        for line in _read(os.path.join(self._mem(), "memory.events")).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+        return 0
+
+    def pids(self) -> list[int]:
+        return sorted({p for f in self.attach_files for p in _pids_in(f)})
+
+    def kill_all(self) -> int:
+        """Kill every process in the slot, setsid escapees included."""
+        if self.version == 2:
+            kill_file = os.path.join(self.dirs[""], "cgroup.kill")
+            if os.path.exists(kill_file) and self.pids():
+                _write(kill_file, "1")
+        return _kill_until_empty(self.attach_files)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs.values():
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as err:  # EBUSY while the last exiting task is reaped
+                    if err.errno != errno.EBUSY:
+                        raise
+                    time.sleep(0.01)
+
+
+class CgroupPool:
+    """`size` slots under one parent per controller, named after this service's pid."""
+
+    def __init__(self, size: int, version: int, parents: dict[str, str]) -> None:
+        self.version = version
+        self.parents = parents
+        self._free: queue.Queue[Slot] = queue.Queue()
+        self.slots: list[Slot] = []
+        for ctrl, parent in parents.items():
+            os.makedirs(parent, exist_ok=True)
+            if version == 2:
+                _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+        for i in range(size):
+            dirs = {}
+            for ctrl, parent in parents.items():
+                d = os.path.join(parent, f"slot{i}")
+                os.makedirs(d, exist_ok=True)
+                dirs[ctrl] = d
+            slot = Slot(version, dirs)
+            self.slots.append(slot)
+            self._free.put(slot)
+
+    def acquire(self, timeout: float | None = None) -> Slot:
+        return self._free.get(timeout=timeout)
+
+    def release(self, slot: Slot) -> None:
+        """Return a slot only once it is empty, so the next run starts clean."""
+        slot.kill_all()
+        self._free.put(slot)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.remove()
+        for parent in self.parents.values():
+            try:
+                os.rmdir(parent)
+            except OSError:
+                pass
+
+
+def _v1_parent(mounts: list[tuple[str, str, set[str]]], ctrl: str, own: dict[str, str], leaf: str) -> str:
+    for point, fstype, opts in mounts:
+        if fstype == "cgroup" and ctrl in opts:
+            for base in (own.get(ctrl, "/"), "/"):
+                candidate = os.path.join(point, base.lstrip("/"), leaf)
+                if os.access(os.path.dirname(candidate), os.W_OK):
+                    return candidate
+    raise OSError(f"no writable cgroup v1 '{ctrl}' hierarchy")
+
+
+def _v2_parent(mounts: list[tuple[str, str, set[str]]], leaf: str) -> str:
+    for point, fstype, _ in mounts:
+        if fstype != "cgroup2":
+            continue
+        try:
+            available = set(_read(os.path.join(point, "cgroup.controllers")).split())
+        except OSError:
+            continue
+        if {"memory", "pids"} <= available:
+            root_ctl = os.path.join(point, "cgroup.subtree_control")
+            _write(root_ctl, "+memory +pids")  # the hierarchy root is exempt from "no internal procs"
+            return os.path.join(point, leaf)
+    raise OSError("no cgroup v2 hierarchy with memory and pids controllers")
+
+
+def create_pool(size: int) -> CgroupPool:
+    """Prefer cgroup v2 when its memory+pids controllers are usable, else v1; raise OSError if neither."""
+    mounts, own = _mounts(), _own_paths()
+    leaf = f"sgrpo-sandbox-{os.getpid()}"
+    errors = []
+    try:
+        return CgroupPool(size, 2, {"": _v2_parent(mounts, leaf)})
+    except OSError as err:
+        errors.append(f"v2: {err}")
+    try:
+        parents = {c: _v1_parent(mounts, c, own, leaf) for c in ("memory", "pids")}
+        return CgroupPool(size, 1, parents)
+    except OSError as err:
+        errors.append(f"v1: {err}")
+    raise OSError("; ".join(errors))
