@@ -1,0 +1,89 @@
+"""Agent configuration: a YAML file named by $SGRPO_AGENT_CONFIG (OpenRLHF builds the agent
+with no arguments, so the environment variable is the only channel)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_ENV = "SGRPO_AGENT_CONFIG"
+
+SEARCH_BACKENDS = ("local", "web")
+TEMPLATES = ("search_r1_base", "search_r1_chat", "deep_research", "none")
+REWARDS = ("em", "f1", "sub_em", "gaia")
+
+
+class ConfigError(ValueError):
+    """A bad agent configuration; the message names the offending key or value."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Tool endpoints, episode limits, prompt template and reward (defaults match Search-R1)."""
+
+    retriever_url: str = "http://127.0.0.1:8000/retrieve"
+    search_backend: str = "local"
+    web_search_url: str = "https://google.serper.dev/search"
+    web_cache_path: str = "~/.cache/openrlhf-sgrpo/serper_cache.sqlite"
+    sandbox_url: str = "http://127.0.0.1:8080/run_code"
+    max_turns: int = 4
+    topk: int = 3
+    max_obs_tokens: int = 500
+    template: str = "search_r1_base"
+    reward: str = "em"
+    format_reward: bool = False
+    structure_format_score: float = 0.2
+    final_format_score: float = 0.1
+    retrieval_score: float = 0.0
+    tokenizer: str | None = None
+    request_timeout_s: float = 30.0
+    code_timeout_s: float = 10.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    batch_window_ms: float = 5.0
+    max_batch: int = 64
+    max_connections: int = 64
+
+    def __post_init__(self) -> None:
+        choices = {"search_backend": SEARCH_BACKENDS, "template": TEMPLATES, "reward": REWARDS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        for name in ("max_turns", "topk", "max_obs_tokens", "max_batch", "max_connections"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.retries < 0:
+            raise ConfigError(f"retries must be >= 0, got {self.retries!r}")
+
+    @property
+    def allowed_actions(self) -> tuple[str, ...]:
+        """Action tags this template offers (code only in the deep-research template)."""
+        return ("search", "code", "answer") if self.template == "deep_research" else ("search", "answer")
+
+
+def config_from_dict(data: dict | None) -> AgentConfig:
+    """Build a config, rejecting unknown keys by name (a typo must not silently use a default)."""
+    data = dict(data or {})
+    known = {f.name for f in dataclasses.fields(AgentConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown agent config keys {unknown}; known keys: {sorted(known)}")
+    return AgentConfig(**data)
+
+
+def load_config(path: str | os.PathLike | None = None) -> AgentConfig:
+    """Read the YAML at `path`, else at $SGRPO_AGENT_CONFIG, else the defaults."""
+    import yaml
+
+    path = path or os.environ.get(CONFIG_ENV)
+    if not path:
+        return AgentConfig()
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"agent config file {str(p)!r} (from ${CONFIG_ENV} or argument) does not exist")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"agent config {str(p)!r} must be a YAML mapping, got {type(data).__name__}")
+    return config_from_dict(data)

@@ -1,0 +1,125 @@
+"""One multi-turn episode: parse the turn's action, run the tool, build the observation, and
+keep the cumulative metadata that ends up in `Experience.info`.
+
+Turns 0..max_turns-1 may call tools; turn `max_turns` is the final turn, where no tool runs and
+the episode ends whatever the policy wrote. The reward is given only when the episode ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agent_env import info_keys as K
+from agent_env.actions import ANSWER, CODE, INVALID, NONE, SEARCH, Action, corrective_observation, parse_action
+from agent_env.config import AgentConfig
+from agent_env.observations import Truncator, format_docs, information_block, result_block
+from agent_env.rewards import METRICS, FormatCoefficients, exact_match, format_reward, token_f1
+
+
+@dataclass
+class TurnRecord:
+    kind: str
+    doc_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepOutcome:
+    """What the environment answers to one turn."""
+
+    observation: str
+    done: bool
+    reward: float
+    score: float
+    metadata: dict
+
+
+class Episode:
+    """State of one trajectory; `await step(action_text)` once per generation turn."""
+
+    def __init__(self, cfg: AgentConfig, tools, golds: list[str], truncate: Truncator):
+        self.cfg, self.tools, self.golds, self.truncate = cfg, tools, golds, truncate
+        self.allowed = cfg.allowed_actions
+        self.turns: list[TurnRecord] = []
+        self.counts = {K.TOOL_CALLS: 0, K.SEARCH_CALLS: 0, K.CODE_CALLS: 0, K.INVALID_ACTIONS: 0, K.TOOL_ERRORS: 0}
+        self.first_tool_turn = K.PAD
+        self.answer: str | None = None
+        self.transcript = ""
+        self.done = False
+
+    @property
+    def is_final_turn(self) -> bool:
+        return len(self.turns) >= self.cfg.max_turns
+
+    async def step(self, action_text: str) -> StepOutcome:
+        if self.done:
+            raise RuntimeError("step() called after the episode ended")
+        final = self.is_final_turn
+        action = parse_action(action_text, self.allowed)
+        record = TurnRecord(action.kind)
+        observation = ""
+        if action.kind == ANSWER:
+            self.answer = action.content
+        elif action.is_tool and not final:
+            observation = await self._run_tool(action, record, turn=len(self.turns))
+        elif action.kind in (INVALID, NONE):
+            self.counts[K.INVALID_ACTIONS] += 1
+            if not final:
+                observation = corrective_observation(self.allowed)
+        self.turns.append(record)
+        self.transcript += action_text + observation
+        self.done = final or action.kind == ANSWER
+        reward, score = self._reward() if self.done else (0.0, 0.0)
+        return StepOutcome(observation, self.done, reward, score, self.metadata())
+
+    async def _run_tool(self, action: Action, record: TurnRecord, turn: int) -> str:
+        """Call the tool; any failure becomes the observation and a counted tool error."""
+        self.counts[K.TOOL_CALLS] += 1
+        if self.first_tool_turn == K.PAD:
+            self.first_tool_turn = turn
+        if action.kind == SEARCH:
+            self.counts[K.SEARCH_CALLS] += 1
+            try:
+                docs = await self.tools.search.search(action.content)
+            except Exception as err:  # noqa: BLE001 - a tool failure must never kill a rollout
+                self.counts[K.TOOL_ERRORS] += 1
+                return information_block(f"search failed: {_describe(err)}", self.truncate)
+            record.doc_ids = [K.encode_doc_id(d.id) for d in docs[: self.cfg.topk]]
+            return information_block(format_docs(docs), self.truncate)
+        assert action.kind == CODE
+        self.counts[K.CODE_CALLS] += 1
+        try:
+            output = await self.tools.sandbox.run(action.content)
+        except Exception as err:  # noqa: BLE001
+            self.counts[K.TOOL_ERRORS] += 1
+            return result_block(f"code execution failed: {_describe(err)}", self.truncate)
+        return result_block(output, self.truncate)
+
+    def _reward(self) -> tuple[float, float]:
+        """(reward, score): score is the answer metric alone; reward adds format shaping if on."""
+        score = METRICS[self.cfg.reward](self.answer, self.golds) if self.answer is not None else 0.0
+        if not self.cfg.format_reward:
+            return score, score
+        coef = FormatCoefficients(self.cfg.structure_format_score, self.cfg.final_format_score,
+                                  self.cfg.retrieval_score)
+        return format_reward(self.transcript, self.golds, self.cfg.reward, coef), score
+
+    def metadata(self) -> dict[str, int | float]:
+        """All contract keys (same set every call); token ranges are filled by the executor."""
+        meta = K.empty_metadata(self.cfg.max_turns, self.cfg.topk)
+        meta.update(self.counts)
+        meta[K.TURNS] = len(self.turns)
+        meta[K.ANSWERED] = int(self.answer is not None)
+        meta[K.FIRST_TOOL_TURN] = self.first_tool_turn
+        if self.answer is not None:
+            meta[K.EM] = exact_match(self.answer, self.golds)
+            meta[K.F1] = token_f1(self.answer, self.golds)
+        for k, turn in enumerate(self.turns[: K.max_turn_slots(self.cfg.max_turns)]):
+            meta[K.turn_kind_key(k)] = K.KIND_CODES[turn.kind]
+            for j, doc in enumerate(turn.doc_ids[: self.cfg.topk]):
+                meta[K.turn_doc_key(k, j)] = doc
+        return meta
+
+
+def _describe(err: Exception) -> str:
+    text = str(err).strip()
+    return text if text else type(err).__name__

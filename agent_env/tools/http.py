@@ -1,0 +1,80 @@
+"""Pooled async JSON-over-HTTP with timeouts and retries, shared by every tool client.
+
+One aiohttp session per event loop (sessions cannot cross loops); 429 and 5xx answers and
+connection failures are retried with exponential backoff; timeouts are not (a slow tool
+would only be slow again). Every final failure is a ToolError, which the episode turns into
+an observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import aiohttp
+
+
+class ToolError(RuntimeError):
+    """A tool call failed for good; `str(err)` is shown to the policy as the observation."""
+
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class HttpPolicy:
+    timeout_s: float = 30.0
+    retries: int = 3
+    backoff_s: float = 0.5
+    max_connections: int = 64
+
+
+class JsonHttp:
+    """POST JSON, get JSON; lazily (re)creates its session on the running loop."""
+
+    def __init__(self, policy: HttpPolicy = HttpPolicy()):
+        self.policy = policy
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.requests_sent = 0
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            connector = aiohttp.TCPConnector(limit=self.policy.max_connections)
+            self._session = aiohttp.ClientSession(connector=connector)
+            self._loop = loop
+        return self._session
+
+    async def post(self, url: str, payload: dict, headers: dict | None = None,
+                   timeout_s: float | None = None) -> dict:
+        session = self._get_session()
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.policy.timeout_s)
+        last = "no attempt"
+        for attempt in range(self.policy.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.policy.backoff_s * 2 ** (attempt - 1))
+            self.requests_sent += 1
+            try:
+                async with session.post(url, json=payload, headers=headers, timeout=timeout) as resp:
+                    body = await resp.text()
+                    if resp.status in RETRY_STATUS:
+                        last = f"HTTP {resp.status}: {body[:200]}"
+                        continue
+                    if resp.status >= 400:
+                        raise ToolError(f"HTTP {resp.status}: {body[:200]}")
+                    try:
+                        return json.loads(body)
+                    except json.JSONDecodeError as err:
+                        raise ToolError(f"invalid JSON from {url}: {err}") from err
+            except asyncio.TimeoutError as err:
+                raise ToolError(f"timed out after {timeout.total:g} s") from err
+            except aiohttp.ClientError as err:
+                last = f"{type(err).__name__}: {err}"
+        raise ToolError(f"{last} (after {self.policy.retries + 1} attempts)")
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None

@@ -1,0 +1,36 @@
+"""Client for the code sandbox (SandboxFusion `/run_code` schema)."""
+
+from __future__ import annotations
+
+from agent_env.tools.http import JsonHttp, ToolError
+
+# Extra seconds the HTTP call waits beyond the sandbox's own run timeout.
+HTTP_MARGIN_S = 5.0
+
+
+def format_run_result(data: dict) -> str:
+    """stdout + stderr of a `/run_code` answer, with a note when the run did not finish."""
+    if not isinstance(data, dict):
+        raise ToolError(f"sandbox answered {type(data).__name__}, expected an object")
+    run = data.get("run_result") or {}
+    compile_ = data.get("compile_result") or {}
+    text = (compile_.get("stderr") or "") + (run.get("stdout") or "") + (run.get("stderr") or "")
+    status = run.get("status")
+    if status and status != "Finished":
+        text += f"\n[run status: {status}]"
+    if data.get("status") == "SandboxError":
+        raise ToolError(f"sandbox error: {data.get('message') or 'unknown'}")
+    return text
+
+
+class SandboxClient:
+    """`await run(code)` → the program's output text."""
+
+    def __init__(self, url: str, http: JsonHttp, run_timeout_s: float = 10.0, language: str = "python"):
+        self.url, self.http = url, http
+        self.run_timeout_s, self.language = run_timeout_s, language
+
+    async def run(self, code: str) -> str:
+        payload = {"code": code, "language": self.language, "run_timeout": self.run_timeout_s}
+        data = await self.http.post(self.url, payload, timeout_s=self.run_timeout_s + HTTP_MARGIN_S)
+        return format_run_result(data)
