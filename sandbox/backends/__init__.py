@@ -1,0 +1,18 @@
+"""Backend registry: the service picks one by name; each is imported lazily."""
+
+from __future__ import annotations
+
+from .base import Backend
+
+
+def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:latest") -> Backend:
+    """Build a backend by name ('local' or 'docker'); docker-py is only needed for 'docker'."""
+    if name == "local":
+        from .local import LocalBackend
+
+        return LocalBackend(pool_size=pool_size)
+    if name == "docker":
+        from .docker_pool import DockerBackend
+
+        return DockerBackend(image=image, pool_size=pool_size)
+    raise ValueError(f"unknown backend {name!r}; choose 'local' or 'docker'")
