@@ -1,0 +1,46 @@
+"""Server settings, shared by the CLI, the app factory and the test/bench helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schema import Limits
+
+
+@dataclass
+class ServerConfig:
+    index: str | None = None  # index folder; None serves only /search (web)
+    model: str | None = None  # override meta.json's model (e.g. a local copy of the same weights)
+    device: str = "cpu"
+    mmap: bool = False
+    fp16: bool = False
+    max_length: int | None = None  # query truncation; default: the build's max_length
+    topk: int = 3
+    max_topk: int = 100
+    max_queries: int = 256  # per request
+    allow_empty_queries: bool = True
+    batching: bool = True
+    batch_window_ms: float = 5.0
+    max_batch: int = 64  # queries per encoder forward
+    cache_size: int = 10_000  # LRU entries; 0 disables
+    request_timeout_s: float = 120.0
+    web_cache: str | None = None  # sqlite path for Serper answers
+    web_retries: int = 3
+    web_backoff_s: float = 0.5
+
+    def limits(self) -> Limits:
+        return Limits(self.topk, self.max_topk, self.max_queries, self.allow_empty_queries)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad value (the CLI prints it and exits)."""
+        checks = [
+            (self.topk >= 1, f"--topk must be >= 1, got {self.topk}"),
+            (self.max_topk >= self.topk, f"--max-topk ({self.max_topk}) must be >= --topk ({self.topk})"),
+            (self.max_queries >= 1, f"--max-queries must be >= 1, got {self.max_queries}"),
+            (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
+            (self.batch_window_ms >= 0, f"--batch-window-ms must be >= 0, got {self.batch_window_ms}"),
+            (self.cache_size >= 0, f"--cache-size must be >= 0, got {self.cache_size}"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)

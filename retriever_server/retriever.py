@@ -1,0 +1,106 @@
+"""A loaded index: encoder + FAISS searcher + docstore, checked against each other at startup."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .build_index import META_FILE
+from .docstore import DOCS_FILE, DocStore
+from .encoder import Encoder, load_encoder
+from .faiss_index import INDEX_FILE, Searcher, make_searcher, read_index
+from .profiles import Profile
+
+log = logging.getLogger(__name__)
+
+
+class IndexMismatch(RuntimeError):
+    """Index, docstore, meta.json and model disagree: serving would return wrong passages."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    row: int
+    score: float
+
+
+def load_meta(index_dir: Path) -> dict[str, Any]:
+    f = index_dir / META_FILE
+    if not f.is_file():
+        raise IndexMismatch(f"{f} not found: {index_dir} is not a finished index "
+                            "(run python -m retriever_server.build_index)")
+    return json.loads(f.read_text())
+
+
+def check_consistency(meta: dict[str, Any], searcher: Searcher, docs: DocStore, encoder: Encoder,
+                      docs_bytes: int) -> None:
+    """Refuse to start when any two parts disagree; the message names the mismatch."""
+    problems = []
+    if searcher.ntotal != meta["count"]:
+        problems.append(f"index holds {searcher.ntotal} vectors but meta.json says count={meta['count']}")
+    if len(docs) != meta["count"]:
+        problems.append(f"docstore holds {len(docs)} passages but meta.json says count={meta['count']}")
+    if docs_bytes != meta.get("docstore_bytes", docs_bytes):
+        problems.append(f"docstore is {docs_bytes} bytes but meta.json says {meta['docstore_bytes']}")
+    if searcher.dim != meta["dim"]:
+        problems.append(f"index dim {searcher.dim} != meta.json dim {meta['dim']}")
+    if encoder.dim != searcher.dim:
+        problems.append(f"model {encoder.model!r} makes {encoder.dim}-dim vectors but the index is "
+                        f"{searcher.dim}-dim (built with {meta.get('model')!r})")
+    if problems:
+        raise IndexMismatch("refusing to serve: " + "; ".join(problems))
+
+
+class Retriever:
+    """Answers batches of queries with top-k passage rows; thread-safe."""
+
+    def __init__(self, index_dir: str | Path, *, model: str | None = None, device: str = "cpu",
+                 mmap: bool = False, fp16: bool = False, max_length: int | None = None,
+                 encoder: Encoder | None = None) -> None:
+        self.index_dir = Path(index_dir)
+        self.meta = load_meta(self.index_dir)
+        self.profile = Profile.from_dict(self.meta["profile"])
+        self.model = model or self.meta["model"]
+        self.device = device
+        self.docs = DocStore(self.index_dir)
+        self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap)
+        self.searcher = make_searcher(self.index, device=device)
+        self.encoder = encoder or load_encoder(self.model, self.profile, device=device, fp16=fp16,
+                                               max_length=max_length or self.meta.get("max_length", 256))
+        check_consistency(self.meta, self.searcher, self.docs, self.encoder,
+                          (self.index_dir / DOCS_FILE).stat().st_size)
+        self._lock = threading.Lock()  # one forward at a time: parallel forwards only thrash cores
+        log.info("serving %d passages (%d-dim, %s) with %s on %s", self.size, self.dim,
+                 self.meta.get("index_type"), self.model, self.searcher.backend)
+
+    @property
+    def size(self) -> int:
+        return self.searcher.ntotal
+
+    @property
+    def dim(self) -> int:
+        return self.searcher.dim
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """One encoder forward and one index search for all ``queries``."""
+        if not queries:
+            return []
+        with self._lock:
+            vecs = self.encoder.encode(list(queries), is_query=True, batch_size=max(len(queries), 1))
+            scores, rows = self.searcher.search(vecs, k)
+        return [[Hit(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0]
+                for rr, ss in zip(np.asarray(rows), np.asarray(scores))]
+
+    def documents(self, hits: Sequence[Hit]) -> list[dict[str, str]]:
+        return self.docs.get_many([h.row for h in hits])
+
+    def info(self) -> dict[str, Any]:
+        return {"model": self.model, "profile": self.profile.name, "index_type": self.meta.get("index_type"),
+                "index_size": self.size, "dim": self.dim, "device": self.device,
+                "search_backend": self.searcher.backend}

@@ -1,0 +1,77 @@
+"""The wire contract of ``/retrieve`` and ``/search`` (Search-R1's), in one place.
+
+Request: ``{"queries": [str], "topk": int?, "return_scores": bool?}``.
+Response with scores: ``{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}``;
+without: ``{"result": [[{"id", "contents"}, ...], ...]}``.
+Search-R1's client sends ``{"queries": [...], "topk": 3, "return_scores": true}`` — also with an
+empty ``queries`` list when no rollout searched in a turn, which must answer ``{"result": []}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+class BadRequest(ValueError):
+    """Client error: becomes HTTP 400 ``{"error": message}``."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    default_topk: int = 3
+    max_topk: int = 100
+    max_queries: int = 256
+    allow_empty_queries: bool = True  # Search-R1's client posts [] when no rollout searched
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    queries: list[str]
+    topk: int
+    return_scores: bool
+
+
+def _clean(q: str) -> str:
+    """Lone surrogates (valid JSON escapes, invalid UTF-8) would crash tokenizers: replace them."""
+    return q.encode("utf-8", "replace").decode("utf-8")
+
+
+def parse_request(body: Any, limits: Limits) -> SearchRequest:
+    """Validate a decoded JSON body; raises :class:`BadRequest` naming the offending field."""
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object like {\"queries\": [\"...\"], \"topk\": 3}")
+    if "queries" not in body:
+        raise BadRequest("missing field 'queries' (a list of strings)")
+    queries = body["queries"]
+    if not isinstance(queries, list):
+        raise BadRequest(f"'queries' must be a list of strings, got {type(queries).__name__}")
+    if not queries and not limits.allow_empty_queries:
+        raise BadRequest("'queries' is empty")
+    if len(queries) > limits.max_queries:
+        raise BadRequest(f"{len(queries)} queries in one request; the maximum is {limits.max_queries}")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise BadRequest(f"queries[{i}] must be a string, got {type(q).__name__}")
+    topk = body.get("topk")
+    if topk is None:
+        topk = limits.default_topk
+    elif isinstance(topk, bool) or not isinstance(topk, int):
+        raise BadRequest(f"'topk' must be an integer, got {topk!r}"[:200])
+    if not 1 <= topk <= limits.max_topk:
+        raise BadRequest(f"'topk' must be between 1 and {limits.max_topk}, got {topk}")
+    rs = body.get("return_scores", False)
+    if rs is None:
+        rs = False
+    if not isinstance(rs, bool):
+        raise BadRequest(f"'return_scores' must be true or false, got {rs!r}"[:200])
+    return SearchRequest([_clean(q) for q in queries], topk, rs)
+
+
+def format_result(docs: Sequence[Sequence[dict[str, str]]], scores: Sequence[Sequence[float]],
+                  return_scores: bool) -> dict[str, Any]:
+    """Search-R1's response body for per-query document lists (and their scores)."""
+    if return_scores:
+        return {"result": [[{"document": d, "score": float(s)} for d, s in zip(ds, ss)]
+                           for ds, ss in zip(docs, scores)]}
+    return {"result": [list(ds) for ds in docs]}
