@@ -1,0 +1,71 @@
+"""Our command-line flags, added on top of OpenRLHF 0.11.2's own parser (unchanged)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from types import SimpleNamespace
+
+from openrlhf_sgrpo.advantages import STD_KINDS, STRATIFIED_ESTIMATORS
+from openrlhf_sgrpo.openrlhf_ext.config import DEFAULT_ALPHA, DEFAULT_EPS, DEFAULT_STD
+from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by
+
+ESTIMATOR_DEST = "algo.advantage.estimator"
+
+# Other extensions (SAPO, CalibAdv) register (add_flags, validate) pairs here.
+FlagAdder = Callable[[argparse.ArgumentParser], None]
+Validator = Callable[[SimpleNamespace], list[str]]
+_EXTENSIONS: list[tuple[FlagAdder, Validator]] = []
+
+
+def register_flags(add: FlagAdder, validate: Validator) -> None:
+    if (add, validate) not in _EXTENSIONS:
+        _EXTENSIONS.append((add, validate))
+
+
+def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
+    """Add our flags and make the stratified estimators valid choices of OpenRLHF's flag."""
+    for action in parser._actions:  # argparse has no public API to extend choices
+        if action.dest == ESTIMATOR_DEST and action.choices is not None:
+            action.choices = list(action.choices) + [e for e in STRATIFIED_ESTIMATORS if e not in action.choices]
+            action.help = (action.help or "") + f"; openrlhf-sgrpo adds {', '.join(STRATIFIED_ESTIMATORS)}"
+    g = parser.add_argument_group("openrlhf-sgrpo: Stratified GRPO")
+    g.add_argument("--algo.advantage.sgrpo_alpha", type=float, default=DEFAULT_ALPHA,
+                   help="blend weight of stratified normalization: A = alpha*A_SAN + (1-alpha)*A_GN "
+                        "(paper: 0.6 base, 0.8 instruct; 0 = GRPO, 1 = SAN only)")
+    g.add_argument("--algo.advantage.stratify_by", type=str, default=DEFAULT_STRATIFY_BY,
+                   help="Experience.info key(s) defining strata, e.g. tool_calls or search_calls,code_calls")
+    g.add_argument("--algo.advantage.strata_cap", type=int, default=None,
+                   help="merge strata with counts >= cap (None: no merging)")
+    g.add_argument("--algo.advantage.sgrpo_eps", type=float, default=DEFAULT_EPS,
+                   help="epsilon added to per-stratum and per-prompt stds")
+    g.add_argument("--algo.advantage.sgrpo_std", type=str, default=DEFAULT_STD, choices=list(STD_KINDS),
+                   help="population std (the paper) or unbiased (OpenRLHF's group_norm convention)")
+    g.add_argument("--dry_run", action="store_true", default=False,
+                   help="print the parsed, hierarchized config as JSON and exit (no Ray, no GPU)")
+    for add, _ in _EXTENSIONS:
+        add(parser)
+
+
+def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
+    """Every problem with our options, each message naming the flag and the bad value."""
+    adv = args.algo.advantage
+    errors = []
+    alpha = adv.sgrpo_alpha
+    if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+        errors.append(f"--algo.advantage.sgrpo_alpha must be in [0, 1], got {alpha}")
+    if not (math.isfinite(adv.sgrpo_eps) and adv.sgrpo_eps >= 0):
+        errors.append(f"--algo.advantage.sgrpo_eps must be >= 0, got {adv.sgrpo_eps}")
+    if adv.strata_cap is not None and adv.strata_cap < 1:
+        errors.append(f"--algo.advantage.strata_cap must be >= 1, got {adv.strata_cap}")
+    try:
+        parse_stratify_by(adv.stratify_by)
+    except ValueError as exc:
+        errors.append(f"--algo.advantage.stratify_by: {exc}")
+    if adv.estimator in STRATIFIED_ESTIMATORS and args.rollout.n_samples_per_prompt < 2:
+        errors.append(f"--algo.advantage.estimator {adv.estimator} needs --rollout.n_samples_per_prompt >= 2, "
+                      f"got {args.rollout.n_samples_per_prompt}")
+    for _, validate in _EXTENSIONS:
+        errors.extend(validate(args))
+    return errors

@@ -1,0 +1,120 @@
+"""``python -m openrlhf_sgrpo.cli.train_ppo_ray``: OpenRLHF 0.11.2's PPO/GRPO entry point + ours.
+
+OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of
+``openrlhf/cli/train_ppo_ray.py``, so it cannot be imported. We run exactly that block from
+the installed package (every flag, default and validation unchanged), with two substitutions:
+the parser class also adds our flags, and ``train`` is ours: it validates our options, prints
+the config for ``--dry_run``, or installs our trainer (which reaches the Ray workers) and
+calls OpenRLHF's own ``train``. The block needs neither Ray nor vLLM, so ``--dry_run`` works
+on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import importlib.util
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from openrlhf_sgrpo.cli.flags import add_sgrpo_flags, validate_sgrpo_args
+
+UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+# Forwarded to every Ray worker, with the same defaults OpenRLHF's train() uses.
+_RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
+
+
+class CliError(Exception):
+    """A bad command line: printed as `error: ...` with exit code 2."""
+
+
+class _SGRPOArgumentParser(argparse.ArgumentParser):
+    """OpenRLHF's parser, plus our flags registered just before parsing."""
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse API
+        add_sgrpo_flags(self)
+        return super().parse_args(args, namespace)
+
+
+def _upstream_main_block() -> types.CodeType:
+    """Compile the body of OpenRLHF's ``if __name__ == "__main__":`` block."""
+    spec = importlib.util.find_spec(UPSTREAM_MODULE)
+    if spec is None or spec.origin is None:
+        raise CliError(f"{UPSTREAM_MODULE} not found: pip install --no-deps openrlhf==0.11.2")
+    path = Path(spec.origin)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in tree.body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+            return compile(ast.Module(body=node.body, type_ignores=[]), str(path), "exec")
+    raise CliError(f"no __main__ block in {path}: unsupported OpenRLHF version")
+
+
+def _argparse_with_our_parser() -> types.ModuleType:
+    shim = types.ModuleType("argparse")
+    shim.__dict__.update(argparse.__dict__)
+    shim.ArgumentParser = _SGRPOArgumentParser
+    return shim
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, SimpleNamespace):
+        return {k: to_jsonable(v) for k, v in vars(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return str(obj)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    return str(obj)
+
+
+def _run(args: SimpleNamespace) -> None:
+    errors = validate_sgrpo_args(args)
+    if errors:
+        raise CliError("; ".join(errors))
+    if args.dry_run:
+        print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
+        return
+    launch(args)
+
+
+def launch(args: SimpleNamespace) -> None:
+    """Start Ray with our worker hook, install our trainer, run OpenRLHF's train()."""
+    import ray
+
+    from openrlhf_sgrpo.openrlhf_ext.patches import WORKER_SETUP_HOOK
+    from openrlhf_sgrpo.openrlhf_ext.trainer import use_sgrpo_trainer
+
+    if not ray.is_initialized():
+        env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
+        ray.init(runtime_env={"env_vars": env, "worker_process_setup_hook": WORKER_SETUP_HOOK})
+    use_sgrpo_trainer()
+    from openrlhf.cli.train_ppo_ray import train
+
+    train(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    namespace = {"__name__": "__main__", "argparse": _argparse_with_our_parser(), "os": os,
+                 "datetime": datetime.datetime, "train": _run}
+    try:
+        exec(_upstream_main_block(), namespace)  # noqa: S102 - OpenRLHF's own, installed source
+    except (CliError, AssertionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

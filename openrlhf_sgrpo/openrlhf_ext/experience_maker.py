@@ -1,0 +1,117 @@
+"""OpenRLHF's experience maker with the stratified estimators plugged in.
+
+``compute_advantages_and_returns`` is OpenRLHF 0.11.2's override point for new estimators.
+For ``stratified_*`` we reproduce upstream's reward bookkeeping (fp32 promotion, length
+penalties, prompt order through ``experience.index``), swap the group baseline for the
+stratified one, then hand the per-sample advantage to OpenRLHF's own token-level path
+(``compute_reward`` with the KL term, ``get_cumulative_returns``). Every other estimator is
+delegated to upstream untouched.
+
+Tool tokens (retrieved passages, sandbox output) are not the policy's actions, so OpenRLHF's
+length penalties must count action tokens only (OpenRLHF #1243): we evaluate them on
+``action_mask.sum()`` instead of the first-to-last action span, for every estimator.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from openrlhf.models.utils import compute_reward
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
+
+from openrlhf_sgrpo.advantages import compute_stratified
+from openrlhf_sgrpo.metrics import stratification_metrics
+from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
+from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
+
+# Per-sample info key holding the scalar (pre-KL) stratified advantage, for logs and tests.
+ADVANTAGE_INFO_KEY = "sgrpo_advantage"
+
+
+@contextmanager
+def action_token_lengths(experiences: list) -> Iterator[None]:
+    """Temporarily make ``response_length`` the number of action tokens (OpenRLHF #1243)."""
+    saved = [e.response_length for e in experiences]
+    try:
+        for e in experiences:
+            if e.response_length is not None and e.action_mask is not None:
+                e.response_length = e.action_mask.sum(-1).to(e.response_length.dtype)
+        yield
+    finally:
+        for e, length in zip(experiences, saved):
+            e.response_length = length
+
+
+def prompt_ordered(experiences: list, per_sample: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate per-experience values and put them in prompt order (``experience.index``)."""
+    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
+    flat = torch.cat(per_sample, dim=0)
+    ordered = torch.empty_like(flat)
+    ordered[indices] = flat
+    return ordered
+
+
+def batch_order(experiences: list, ordered: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Inverse of :func:`prompt_ordered`: split prompt-ordered values back per experience."""
+    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
+    return ordered[indices].split([len(e.index) for e in experiences])
+
+
+class StratifiedExperienceMaker(RemoteExperienceMaker):
+    """RemoteExperienceMaker + stratified_grpo / stratified_reinforce / stratified_rloo."""
+
+    @torch.no_grad()
+    def compute_advantages_and_returns(self, experiences: list) -> list:
+        opts = sgrpo_options(self.args)
+        with action_token_lengths(experiences):
+            if not opts.is_stratified:
+                return super().compute_advantages_and_returns(experiences)
+            return self._stratified_advantages_and_returns(experiences, opts)
+
+    def _stratified_advantages_and_returns(self, experiences: list, opts) -> list:
+        args = self.args
+        n = args.rollout.n_samples_per_prompt
+        for e in experiences:
+            e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
+        apply_length_penalties(experiences, args)
+
+        rewards = prompt_ordered(experiences, [e.rewards for e in experiences])
+        keys = parse_stratify_by(opts.stratify_by)
+        merged_info = {k: prompt_ordered(experiences, [_info_values(e, k) for e in experiences]) for k in keys}
+        strata = strata_from_info(merged_info, keys, cap=opts.strata_cap)
+        advantages = compute_stratified(opts.estimator, rewards, strata, n, opts.alpha, opts.eps, opts.std)
+
+        batch_metrics = stratification_metrics(rewards, strata, n, advantages, eps=opts.eps)
+        group_std = rewards.reshape(-1, n).std(-1, keepdim=True).expand(-1, n).reshape(-1)
+        for e, adv, std in zip(experiences, batch_order(experiences, advantages), batch_order(experiences, group_std)):
+            e.info["group_reward_std"] = std
+            e.info[ADVANTAGE_INFO_KEY] = adv
+            # Batch-level monitors ride along as per-sample constants: OpenRLHF's actor logs the
+            # sample-weighted mean of every info tensor, which is then the batch value itself.
+            for name, value in batch_metrics.items():
+                e.info[name] = torch.full_like(adv, value)
+            self._token_level_returns(e, adv)
+        return experiences
+
+    def _token_level_returns(self, experience, advantage: torch.Tensor) -> None:
+        """OpenRLHF's own REINFORCE-family token path, fed the stratified advantage."""
+        args = self.args
+        reward = compute_reward(
+            advantage, self.kl_ctl.value, experience.kl,
+            action_mask=experience.action_mask, reward_clip_range=args.reward.clip_range,
+        )
+        experience.returns = self.get_cumulative_returns(reward, experience.action_mask, 1.0)
+        experience.advantages = experience.returns.clone()
+        experience.info["return"] = reward.sum(dim=-1)
+        experience.kl = None
+
+
+def _info_values(experience, key: str) -> torch.Tensor:
+    """One info key of one (possibly batched) experience, with a message naming the agent."""
+    if key not in experience.info:
+        strata_from_info(experience.info, key)  # raises the KeyError that names the agent
+    return torch.as_tensor(experience.info[key]).reshape(-1)
