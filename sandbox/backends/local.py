@@ -10,19 +10,18 @@ fresh size-capped tmpfs /work that vanishes with the mount namespace.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import threading
 import time
 
 from ..api import (RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest)
 from ..cgroups import CgroupPool, Slot, create_pool
+from ..probe import run_probe
 from .base import Backend, Guarantees
 from .pump import pump
 
@@ -42,26 +41,6 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", 
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
-PROBE_CODE = r"""
-import json, os, resource, socket, sys
-port = int(sys.stdin.read())
-r = {"uid": os.getuid(), "euid": os.geteuid()}
-try:
-    open("/probe-root-write", "w"); r["readonly_root"] = False
-except OSError:
-    r["readonly_root"] = True
-try:
-    open("/work/probe", "w").write("x"); r["workdir_writable"] = True
-except OSError:
-    r["workdir_writable"] = False
-try:
-    s = socket.create_connection(("127.0.0.1", port), timeout=1); r["no_network"] = False
-except OSError:
-    r["no_network"] = True
-r["rlimit_cpu"] = resource.getrlimit(resource.RLIMIT_CPU)[1] != resource.RLIM_INFINITY
-r["rlimit_fsize"] = resource.getrlimit(resource.RLIMIT_FSIZE)[1] != resource.RLIM_INFINITY
-print(json.dumps(r))
-"""
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -211,30 +190,9 @@ class LocalBackend(Backend):
             g.set("rlimits", False, "no bwrap")
             self._guarantees = g
             return g
-        facts = self._probe_inside(g)
-        if facts is not None:
-            g.set("no_network", facts["no_network"], "a host 127.0.0.1 listener was reachable")
-            g.set("readonly_root", facts["readonly_root"], "'/' was writable")
-            g.set("private_workdir", facts["workdir_writable"], "/work was not writable")
-            g.set("non_root_user", facts["uid"] != 0 and self.setpriv is not None,
-                  "uid 0 inside, or setpriv missing so the host uid stays root")
-            g.set("rlimits", facts["rlimit_cpu"] and facts["rlimit_fsize"], "rlimits not applied")
+        run_probe(self, g, uid_is_host_non_root=self.setpriv is not None)
         self._guarantees = g
         return g
-
-    def _probe_inside(self, g: Guarantees) -> dict | None:
-        with socket.socket() as listener:
-            listener.bind(("127.0.0.1", 0))
-            listener.listen(1)
-            port = listener.getsockname()[1]
-            result = self.run(RunRequest(code=PROBE_CODE, stdin=str(port).encode(), run_timeout=20), 1 << 16)
-        try:
-            return json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            reason = f"probe run failed: {result.sandbox_error or result.stderr[-500:]}"
-            for name in ("no_network", "readonly_root", "private_workdir", "non_root_user", "rlimits"):
-                g.set(name, False, reason)
-            return None
 
     def stats(self) -> dict[str, float]:
         return {"cgroup_slots": float(len(self.pool.slots)) if self.pool else 0.0,

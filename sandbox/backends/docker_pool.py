@@ -1,0 +1,312 @@
+"""Docker backend: a warm pool of locked-down containers, or one fresh container per run (cold).
+
+Warm: each container idles under a tiny pid-1 reaper; a run is one `exec` of
+`timeout -s KILL T python3 -c BOOT` that unpacks code/files from stdin into the tmpfs /work and
+execs the program. Afterwards a cleanup exec SIGKILLs every other process, wipes /work, /tmp and
+/dev/shm, and proves it (process count, empty dirs); a container that fails the proof, was
+OOM-killed or died is removed and replaced in the background, so the pool heals.
+Cold (for the benchmark baseline): `docker run` semantics, one container per execution.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import docker
+from docker.errors import APIError, DockerException, NotFound
+from docker.types import Ulimit
+
+from ..api import (DEFAULT_MEMORY_MB, RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult,
+                   RunRequest)
+from ..output import CappedBuffer
+from ..probe import run_probe
+from .base import Backend, Guarantees
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "sgrpo-sandbox:latest"
+ENV_FILE = os.path.join(os.environ.get("SGRPO_DOCKER_DIR", "/tmp/sgrpo-docker"), "env")
+USER = "65534:65534"
+PIDS_LIMIT = 64
+NANO_CPUS = 1_000_000_000
+TMPFS = {"/work": "rw,exec,size=64m,mode=1777", "/tmp": "rw,size=64m,mode=1777"}
+ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0, hard=0),
+           Ulimit(name="fsize", soft=64 << 20, hard=64 << 20)]
+GRACE_S = 5.0
+LABEL = "sgrpo-sandbox"
+
+# pid 1 of a warm container: reaps orphans (SIGKILL from inside the pid ns cannot touch pid 1).
+REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\nwhile True:\n"
+          "    signal.sigwait([signal.SIGCHLD])\n    try:\n        while os.waitpid(-1, os.WNOHANG)[0]: pass\n"
+          "    except ChildProcessError: pass\n")
+# Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program).
+BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b) < n:\n"
+        "        c = os.read(0, n - len(b))\n        if not c: break\n        b += c\n    return b\n"
+        "m = json.loads(rd(int(rd(10))))\nfor p, d in m['files'].items():\n"
+        "    os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
+        "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
+        "os.execv(sys.executable, [sys.executable, '-E', '-s', 'main.py'])\n")
+CLEANUP = ("i=0; while :; do kill -9 -1 2>/dev/null; set -- /proc/[0-9]*; [ $# -le 2 ] && break; "
+           "i=$((i+1)); [ $i -ge 100 ] && break; sleep 0.02; done; n=$#; "
+           "chmod -R u+rwx /work /tmp /dev/shm 2>/dev/null; "
+           "for d in /work /tmp /dev/shm; do find $d -mindepth 1 -delete 2>/dev/null; done; "
+           "left=$(ls -A /work /tmp /dev/shm | grep -cv -e '^/' -e '^$'); echo \"procs=$n left=$left\"")
+
+
+def docker_host() -> str | None:
+    """DOCKER_HOST from the environment, else from scripts/docker_ci.sh's env file."""
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    try:
+        with open(ENV_FILE) as fh:
+            for line in fh:
+                if line.startswith("export DOCKER_HOST="):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def docker_client() -> docker.DockerClient:
+    host = docker_host()
+    return docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
+
+
+def _payload(request: RunRequest) -> bytes:
+    header = json.dumps({"code": request.code,
+                         "files": {p: base64.b64encode(d).decode() for p, d in request.files.items()}}).encode()
+    return b"%010d" % len(header) + header + request.stdin
+
+
+def _exchange(sock: socket.socket, payload: bytes, deadline: float, cap: int) -> tuple[str, str, bool]:
+    """Send stdin (in a thread: the program may never read it), demultiplex output until EOF."""
+    def feed() -> None:
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    bufs = {1: CappedBuffer(cap), 2: CappedBuffer(cap)}
+    pending, timed_out = b"", False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            timed_out = True
+            break
+        if not chunk:
+            break
+        pending += chunk
+        while len(pending) >= 8:
+            stream, size = struct.unpack(">BxxxL", pending[:8])
+            if len(pending) < 8 + size:
+                break
+            bufs.get(stream, bufs[2]).write(pending[8:8 + size])
+            pending = pending[8 + size:]
+    return bufs[1].text(), bufs[2].text(), timed_out
+
+
+@dataclass
+class _Box:
+    """A pooled container and the memory limit it currently has."""
+
+    container: object
+    memory_mb: int
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, image: str = DEFAULT_IMAGE, pool_size: int = 4, mode: str = "warm",
+                 memory_mb: int = DEFAULT_MEMORY_MB) -> None:
+        if mode not in ("warm", "cold"):
+            raise ValueError(f"mode must be 'warm' or 'cold', got {mode!r}")
+        self.image, self.pool_size, self.mode, self.memory_mb = image, pool_size, mode, memory_mb
+        self.client = docker_client()
+        self.client.ping()
+        self.client.images.get(image)  # fail fast: ImageNotFound names the image to build
+        self.service_id = uuid.uuid4().hex[:12]
+        self._free: queue.Queue[_Box] = queue.Queue()
+        self._lock = threading.Lock()
+        self._boxes: set[str] = set()
+        self.recycled = 0
+        self.replaced = 0
+        self.closed = False
+        if mode == "warm":
+            for _ in range(pool_size):
+                self._free.put(self._new_box())
+
+    # ---- container lifecycle ----------------------------------------------------------------
+    def _container_kwargs(self, memory_mb: int, command: list[str]) -> dict:
+        return dict(image=self.image, command=command, user=USER, working_dir="/work", network_mode="none",
+                    mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m", pids_limit=PIDS_LIMIT,
+                    nano_cpus=NANO_CPUS, read_only=True, tmpfs=dict(TMPFS), cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], ulimits=ULIMITS,
+                    labels={LABEL: self.service_id}, environment={"HOME": "/work", "LANG": "C.UTF-8"})
+
+    def _new_box(self) -> _Box:
+        c = self.client.containers.run(detach=True, **self._container_kwargs(
+            self.memory_mb, ["python3", "-E", "-s", "-c", REAPER]))
+        with self._lock:
+            self._boxes.add(c.id)
+        return _Box(c, self.memory_mb)
+
+    def _discard(self, box: _Box) -> None:
+        with self._lock:
+            self._boxes.discard(box.container.id)
+        try:
+            box.container.remove(force=True)
+        except (NotFound, APIError):
+            pass
+
+    def _replace(self, box: _Box) -> None:
+        """Heal the pool: drop a suspect container and add a fresh one."""
+        self._discard(box)
+        if self.closed:
+            return
+        self.replaced += 1
+        try:
+            self._free.put(self._new_box())
+        except DockerException:
+            log.exception("could not replace a sandbox container; pool shrinks by one")
+
+    # ---- execution --------------------------------------------------------------------------
+    def run(self, request: RunRequest, max_output_bytes: int) -> ExecResult:
+        if self.mode == "cold":
+            return self._run_cold(request, max_output_bytes)
+        for attempt in range(2):
+            box = self._free.get()
+            try:
+                if box.memory_mb != request.memory_limit_mb:
+                    box.container.update(mem_limit=f"{request.memory_limit_mb}m",
+                                         memswap=f"{request.memory_limit_mb}m")
+                    box.memory_mb = request.memory_limit_mb
+                exec_id = self.client.api.exec_create(
+                    box.container.id, ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s",
+                                       "-c", BOOT], stdin=True, user=USER, workdir="/work")["Id"]
+            except (NotFound, APIError) as err:  # the container died under us: heal, retry once
+                log.warning("sandbox container unusable (%s); replacing", err)
+                threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+                if attempt:
+                    raise
+                continue
+            return self._exec(box, exec_id, request, max_output_bytes)
+        raise RuntimeError("unreachable")
+
+    def _exec(self, box: _Box, exec_id: str, request: RunRequest, cap: int) -> ExecResult:
+        start = time.monotonic()
+        sock = self.client.api.exec_start(exec_id, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        try:
+            stdout, stderr, hung = _exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
+        finally:
+            raw.close()
+        elapsed = time.monotonic() - start
+        rc = self.client.api.exec_inspect(exec_id).get("ExitCode")
+        healthy = self._cleanup(box)
+        oom = False
+        if rc == 137 and elapsed < request.run_timeout:
+            box.container.reload()
+            oom = bool(box.container.attrs["State"].get("OOMKilled"))
+            healthy = healthy and not oom  # OOMKilled is sticky: replace to reset it
+        if healthy:
+            self.recycled += 1
+            self._free.put(box)
+        else:
+            threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+        return ExecResult(self._status(rc, elapsed, request.run_timeout, hung, oom), rc, stdout, stderr, elapsed)
+
+    @staticmethod
+    def _status(rc: int | None, elapsed: float, run_timeout: float, hung: bool, oom: bool) -> str:
+        if hung or (rc in (124, 137) and elapsed >= run_timeout * 0.98):
+            return RUN_TIMEOUT
+        if oom:
+            return RUN_MEMORY
+        if rc is None or rc > 128:
+            return RUN_ERROR
+        return RUN_FINISHED
+
+    def _cleanup(self, box: _Box) -> bool:
+        """Kill leftovers and wipe scratch dirs; True only if the container is provably clean."""
+        try:
+            out = box.container.exec_run(["sh", "-c", CLEANUP], user=USER).output.decode()
+            fields = dict(kv.split("=") for kv in out.split())
+            return int(fields["procs"]) <= 2 and int(fields["left"]) == 0
+        except (DockerException, ValueError, KeyError) as err:
+            log.warning("cleanup failed (%s); container will be replaced", err)
+            return False
+
+    def _run_cold(self, request: RunRequest, cap: int) -> ExecResult:
+        kwargs = self._container_kwargs(
+            request.memory_limit_mb,
+            ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s", "-c", BOOT])
+        c = self.client.containers.create(stdin_open=True, stdin_once=True, **kwargs)
+        try:
+            sock = c.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            raw = getattr(sock, "_sock", sock)
+            start = time.monotonic()
+            c.start()
+            try:
+                stdout, stderr, hung = _exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
+            finally:
+                raw.close()
+            if hung:
+                c.kill()
+            rc = c.wait(timeout=30)["StatusCode"]
+            elapsed = time.monotonic() - start
+            c.reload()
+            oom = bool(c.attrs["State"].get("OOMKilled"))
+            return ExecResult(self._status(rc, elapsed, request.run_timeout, hung, oom), rc, stdout, stderr, elapsed)
+        finally:
+            c.remove(force=True)
+
+    # ---- probe, stats, close ----------------------------------------------------------------
+    def probe(self) -> Guarantees:
+        g = Guarantees()
+        run_probe(self, g)
+        kw = self._container_kwargs(self.memory_mb, [])
+        g.set("memory_limit", kw["mem_limit"] == kw["memswap_limit"], "memory != memswap")
+        info = self.client.info()
+        g.set("pids_limit", bool(info.get("PidsLimit", True)), "engine reports no pids cgroup support")
+        if info.get("MemoryLimit") is False or info.get("SwapLimit") is False:
+            g.set("memory_limit", False, "engine reports no memory/swap limit support")
+        killed = self.run(RunRequest(code="import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+                                          "    time.sleep(60)\nelse:\n    time.sleep(60)\n", run_timeout=1), 1024)
+        g.set("kill_all_on_timeout", killed.status == RUN_TIMEOUT, f"timeout probe ended {killed.status}")
+        return g
+
+    def stats(self) -> dict[str, float]:
+        return {"docker_pool_free": float(self._free.qsize()), "docker_containers": float(len(self._boxes)),
+                "docker_recycled_total": float(self.recycled), "docker_replaced_total": float(self.replaced)}
+
+    def live_containers(self) -> list[str]:
+        """Ids of containers labelled with this service (tests prove cleanup with it)."""
+        return [c.id for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.service_id}"})]
+
+    def close(self) -> None:
+        self.closed = True
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.service_id}"}):
+            try:
+                c.remove(force=True)
+            except (NotFound, APIError):
+                pass
+        with self._lock:
+            self._boxes.clear()
+        self.client.close()

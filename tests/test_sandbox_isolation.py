@@ -1,0 +1,186 @@
+"""One isolation suite, run for real against both backends (local bwrap+cgroup, Docker warm pool).
+
+Docker cases are marked `docker` and skip with the printed reason when no engine answers or the
+image is missing (build it with `scripts/docker_ci.sh start && scripts/docker_ci.sh build-image`).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sandbox.api import RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, parse_run_request
+
+POOL = 4
+CAP = 4096
+
+
+def _make_local():
+    from sandbox.backends.local import LocalBackend
+
+    backend = LocalBackend(pool_size=POOL)
+    missing = backend.probe().missing
+    if missing:
+        backend.close()
+        pytest.fail(f"local isolation incomplete on this host: {missing}")
+    return backend
+
+
+def _make_docker():
+    try:
+        from sandbox.backends.docker_pool import DockerBackend, docker_host
+
+        return DockerBackend(pool_size=POOL)
+    except Exception as err:  # engine down, socket missing, image not built
+        reason = f"Docker unavailable (DOCKER_HOST={docker_host()!r}): {type(err).__name__}: {err}"
+        print(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def backend(request):
+    b = _make_local() if request.param == "local" else _make_docker()
+    yield b
+    b.close()
+
+
+def run(backend, code: str, **kw):
+    return backend.run(parse_run_request({"code": code, "language": "python", **kw}), CAP)
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Host pids whose command line carries `marker` (sandboxed processes are visible on the host)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def test_print_and_exit_code(backend):
+    ok = run(backend, "print('hi')")
+    assert (ok.status, ok.return_code, ok.stdout) == (RUN_FINISHED, 0, "hi\n")
+    bad = run(backend, "import sys\nprint('x', file=sys.stderr)\nsys.exit(3)")
+    assert (bad.status, bad.return_code, bad.stderr) == (RUN_FINISHED, 3, "x\n")
+
+
+def test_network_blocked(backend):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        res = run(backend, f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                           f"    print('REACHED')\nexcept OSError as e:\n    print('blocked', e)")
+    assert res.stdout.startswith("blocked"), res
+
+
+def test_root_readonly_workdir_writable_non_root(backend):
+    res = run(backend, "import os\ntry:\n    open('/etc/evil', 'w'); print('ROOT WRITABLE')\nexcept OSError:\n"
+                       "    print('ro')\nopen('/work/ok.txt', 'w').write('x')\nprint(os.listdir('/work'), os.getuid())")
+    lines = res.stdout.splitlines()
+    assert lines[0] == "ro", res
+    assert "ok.txt" in lines[1] and not lines[1].endswith(" 0"), res
+
+
+def test_two_gigabytes_is_memory_limit_exceeded(backend):
+    res = run(backend, "x = bytearray(2 * 1024**3)\nprint('allocated')", memory_limit_MB=256)
+    assert res.status == RUN_MEMORY, res
+    assert "allocated" not in res.stdout
+
+
+def test_fork_bomb_contained(backend):
+    res = run(backend, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+              run_timeout=2)
+    assert res.status == RUN_TIMEOUT, res
+    after = run(backend, "print('still fine')")
+    assert after.stdout == "still fine\n"
+
+
+def test_setsid_grandchild_killed_at_timeout(backend):
+    marker = f"sgrpo-escapee-{uuid.uuid4().hex}"
+    code = (f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        os.execv(sys.executable, [sys.executable, '-c', 'while True: pass', '{marker}'])\n"
+            f"    os._exit(0)\nwhile True:\n    pass\n")
+    res = run(backend, code, run_timeout=1.5)
+    assert res.status == RUN_TIMEOUT, res
+    assert marked_processes(marker) == []
+
+
+def test_stdout_flood_is_cut(backend):
+    res = run(backend, "import sys\nwhile True:\n    sys.stdout.write('y' * 4096)", run_timeout=1)
+    assert res.status == RUN_TIMEOUT
+    assert res.stdout.startswith("y" * CAP) and "output truncated by sandbox" in res.stdout
+    assert len(res.stdout) < CAP + 200
+
+
+def test_stdin_and_injected_files(backend):
+    files = {"data/in.txt": base64.b64encode(b"from a file").decode(),
+             "helper.py": base64.b64encode(b"VALUE = 42\n").decode()}
+    res = run(backend, "import helper\nprint(input().upper(), open('data/in.txt').read(), helper.VALUE)",
+              stdin="hello\n", files=files)
+    assert res.stdout == "HELLO from a file 42\n", res
+
+
+def test_no_state_leaks_between_runs(backend):
+    first = run(backend, "open('/work/secret', 'w').write('1'); open('/tmp/secret', 'w').write('1')\n"
+                         "import os; print(sorted(os.listdir('/work')))")
+    assert "secret" in first.stdout
+    for _ in range(POOL + 1):  # every pooled slot/container gets visited
+        res = run(backend, "import os; print(os.path.exists('/work/secret'), os.path.exists('/tmp/secret'))")
+        assert res.stdout == "False False\n", res
+
+
+def test_bad_file_path_rejected():
+    from sandbox.api import RequestError
+
+    with pytest.raises(RequestError, match="inside the work dir"):
+        parse_run_request({"code": "print(1)", "files": {"../x": ""}})
+
+
+def test_leak_loop_500_runs_leaves_nothing():
+    """500 runs (with timeouts mixed in) on the local backend, then no process/cgroup remains."""
+    from sandbox.backends.local import LocalBackend
+
+    backend = _make_local()
+    marker = f"sgrpo-loop-{uuid.uuid4().hex}"
+    code = f"import sys\nprint(sys.argv[0], {marker!r})"
+    with ThreadPoolExecutor(POOL) as pool:
+        results = list(pool.map(lambda i: run(backend, code if i % 100 else "while True: pass",
+                                              run_timeout=1 if i % 100 == 0 else 10), range(500)))
+    assert sum(r.status == RUN_FINISHED for r in results) == 495
+    assert sum(r.status == RUN_TIMEOUT for r in results) == 5
+    assert all(slot.pids() == [] for slot in backend.pool.slots)
+    parents = list(backend.pool.parents.values())
+    backend.close()
+    assert [p for p in parents if os.path.exists(p)] == []
+    assert isinstance(backend, LocalBackend) and marked_processes(marker) == []
+
+
+@pytest.mark.docker
+def test_docker_leak_loop_and_healing():
+    """500 warm-pool runs, a container killed from outside (the pool heals), then zero containers."""
+    backend = _make_docker()
+    try:
+        victim = backend._free.queue[0].container
+        victim.kill()
+        with ThreadPoolExecutor(POOL) as pool:
+            results = list(pool.map(lambda i: run(backend, "print(1)"), range(500)))
+        assert all(r.stdout == "1\n" for r in results), [r for r in results if r.stdout != "1\n"][:3]
+        assert backend.replaced >= 1
+        assert len(backend.live_containers()) == POOL
+    finally:
+        backend.close()
+    from sandbox.backends.docker_pool import LABEL, docker_client
+
+    with docker_client() as client:
+        assert client.containers.list(all=True, filters={"label": f"{LABEL}={backend.service_id}"}) == []
