@@ -1,0 +1,221 @@
+"""FlashRAG-format QA data (and GAIA's metadata.jsonl) → OpenRLHF prompt jsonl.
+
+Each output row is ``{"prompt", "answers", "datasource", "id", "question"}``: launch with
+``--data.input_key prompt --data.label_key answers``. OpenRLHF reports eval metrics per
+``datasource``, so the seven benchmarks can share one test file.
+
+The prompt text comes from agent_env's templates (the same wording the agent is trained on):
+``search_r1_base`` (default) for base models; instruct models use the same text with
+``--data.apply_chat_template`` (OpenRLHF then sends it as the user turn, which is exactly
+Search-R1's chat prompt); ``none`` keeps the raw question for an agent that renders it itself.
+
+    # the paper's data, online (RUC-NLPIR/FlashRAG_datasets on the hub)
+    python examples/data/prepare_qa.py qa --hub --out ~/data/sgrpo
+    # local FlashRAG layout DIR/<dataset>/<split>.jsonl
+    python examples/data/prepare_qa.py qa --flashrag-dir ../shared/data --out OUT \\
+        --train hotpotqa --train-split train_hipporag100
+    # GAIA (validation metadata.jsonl from the gated gaia-benchmark/GAIA repo)
+    python examples/data/prepare_qa.py gaia --metadata GAIA/2023/validation/metadata.jsonl --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tqdm import tqdm
+
+from agent_env.templates import build_prompt
+
+HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
+TRAIN_DATASETS = ("nq", "hotpotqa")
+# The split each benchmark is evaluated on (FlashRAG / Search-R1 convention: dev where the
+# test answers are hidden).
+TEST_SPLITS = {
+    "nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev",
+    "2wikimultihopqa": "dev", "musique": "dev", "bamboogle": "test",
+}
+# Templates that need no tokenizer (chat rendering is OpenRLHF's --data.apply_chat_template).
+TEXT_TEMPLATES = ("search_r1_base", "deep_research", "none")
+INPUT_KEY, LABEL_KEY = "prompt", "answers"
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message names the file (and line)."""
+
+
+def read_flashrag(path: Path) -> Iterator[dict]:
+    """Rows ``{"id", "question", "golden_answers"}`` of one FlashRAG jsonl, validated."""
+    if not path.is_file():
+        raise DataError(f"{path} does not exist (expected the FlashRAG layout <dir>/<dataset>/<split>.jsonl)")
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+            question, golds = row.get("question"), row.get("golden_answers")
+            if not isinstance(question, str) or not question.strip():
+                raise DataError(f"{path}:{lineno}: missing or empty 'question'")
+            if isinstance(golds, str):
+                golds = [golds]
+            if not isinstance(golds, list) or not golds or not all(isinstance(g, (str, int, float)) for g in golds):
+                raise DataError(f"{path}:{lineno}: 'golden_answers' must be a non-empty list of strings")
+            yield {"id": str(row.get("id", f"{path.stem}_{lineno}")), "question": question.strip(),
+                   "golden_answers": [str(g) for g in golds]}
+
+
+def to_prompt_row(row: dict, datasource: str, template: str) -> dict:
+    return {INPUT_KEY: build_prompt(template, row["question"]), LABEL_KEY: row["golden_answers"],
+            "datasource": datasource, "id": row["id"], "question": row["question"]}
+
+
+def write_jsonl(rows: Iterable[dict], path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    tmp = path.with_suffix(path.suffix + ".part")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    tmp.replace(path)
+    return n
+
+
+class Source:
+    """Where FlashRAG files come from: a local folder, or the hub (downloaded on demand)."""
+
+    def __init__(self, flashrag_dir: Path | None, hub_cache: Path | None = None):
+        self.dir, self.hub_cache = flashrag_dir, hub_cache
+
+    def path(self, dataset: str, split: str) -> Path:
+        if self.dir is not None:
+            return self.dir / dataset / f"{split}.jsonl"
+        from huggingface_hub import hf_hub_download  # only when online
+
+        return Path(hf_hub_download(HUB_REPO, f"{dataset}/{split}.jsonl", repo_type="dataset",
+                                    cache_dir=str(self.hub_cache) if self.hub_cache else None))
+
+    def rows(self, dataset: str, split: str, template: str) -> list[dict]:
+        path = self.path(dataset, split)
+        return [to_prompt_row(r, dataset, template)
+                for r in tqdm(read_flashrag(path), desc=f"{dataset}/{split}", unit=" q", leave=False)]
+
+
+def parse_split_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, split = item.partition("=")
+        if not sep or name not in TEST_SPLITS or not split:
+            raise DataError(f"--test-split {item!r}: expected NAME=SPLIT with NAME in {sorted(TEST_SPLITS)}")
+        out[name] = split
+    return out
+
+
+def prepare_qa(a: argparse.Namespace) -> dict[str, int]:
+    """Write train.jsonl (shuffled: OpenRLHF's --data.max_samples takes the first rows),
+    test.jsonl (every benchmark, in order) and test/<benchmark>.jsonl; return row counts."""
+    source = Source(a.flashrag_dir, a.hub_cache)
+    rng = random.Random(a.seed)
+    counts: dict[str, int] = {}
+    if a.train:
+        train = [row for name in a.train for row in source.rows(name, a.train_split, a.template)]
+        rng.shuffle(train)
+        counts["train"] = write_jsonl(train, a.out / "train.jsonl")
+    splits = {**TEST_SPLITS, **parse_split_overrides(a.test_split)}
+    test: list[dict] = []
+    for name in a.test:
+        rows = source.rows(name, splits[name], a.template)
+        if a.max_per_dataset and len(rows) > a.max_per_dataset:
+            rows = random.Random(f"{a.seed}-{name}").sample(rows, a.max_per_dataset)
+        counts[f"test/{name}"] = write_jsonl(rows, a.out / "test" / f"{name}.jsonl")
+        test.extend(rows)
+    if a.test:
+        counts["test"] = write_jsonl(test, a.out / "test.jsonl")
+    return counts
+
+
+def gaia_rows(metadata: Path, text_only: bool, template: str) -> Iterator[dict]:
+    """GAIA's metadata.jsonl (``task_id``, ``Question``, ``Level``, ``Final answer``,
+    ``file_name``) → prompt rows; attached files are named in the prompt (path relative to
+    the metadata file) so a code-capable agent can open them."""
+    if not metadata.is_file():
+        raise DataError(f"{metadata} does not exist")
+    with metadata.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{metadata}:{lineno}: not JSON ({exc.msg})") from None
+            missing = [k for k in ("task_id", "Question", "Final answer") if k not in row]
+            if missing:
+                raise DataError(f"{metadata}:{lineno}: missing GAIA keys {missing}")
+            attachment = row.get("file_name") or ""
+            if attachment and text_only:
+                continue
+            question = row["Question"].strip()
+            if attachment:
+                question += f"\nAttached file: {metadata.parent / attachment}"
+            yield {INPUT_KEY: build_prompt(template, question), LABEL_KEY: [str(row["Final answer"])],
+                   "datasource": f"gaia_level{row.get('Level', 'unknown')}", "id": row["task_id"],
+                   "question": question}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    qa = sub.add_parser("qa", help="FlashRAG QA datasets → train.jsonl, test.jsonl, test/<name>.jsonl")
+    where = qa.add_mutually_exclusive_group(required=True)
+    where.add_argument("--flashrag-dir", type=Path, help="local FlashRAG layout <dir>/<dataset>/<split>.jsonl")
+    where.add_argument("--hub", action="store_true", help=f"download from the hub's {HUB_REPO} (online)")
+    qa.add_argument("--hub-cache", type=Path, help="hub download cache folder")
+    qa.add_argument("--out", type=Path, required=True)
+    qa.add_argument("--train", type=_names, default=list(TRAIN_DATASETS), help="comma list ('' = none)")
+    qa.add_argument("--train-split", default="train")
+    qa.add_argument("--test", type=_names, default=list(TEST_SPLITS), help="comma list ('' = none)")
+    qa.add_argument("--test-split", action="append", default=[], metavar="NAME=SPLIT",
+                    help="override a benchmark's split, e.g. hotpotqa=dev_500")
+    qa.add_argument("--max-per-dataset", type=int, default=0, help="sample at most N per benchmark (0 = all)")
+    qa.add_argument("--template", choices=TEXT_TEMPLATES, default="search_r1_base")
+    qa.add_argument("--seed", type=int, default=42)
+    gaia = sub.add_parser("gaia", help="GAIA metadata.jsonl → one prompt jsonl (deep-research template)")
+    gaia.add_argument("--metadata", type=Path, required=True)
+    gaia.add_argument("--out", type=Path, required=True, help="output jsonl file")
+    gaia.add_argument("--text-only", action="store_true", help="drop tasks with an attached file")
+    gaia.add_argument("--template", choices=TEXT_TEMPLATES, default="deep_research")
+    return p
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TEST_SPLITS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dataset(s) {unknown}; known: {sorted(TEST_SPLITS)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        if a.command == "qa":
+            counts = prepare_qa(a)
+        else:
+            counts = {str(a.out): write_jsonl(gaia_rows(a.metadata, a.text_only, a.template), a.out)}
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, n in counts.items():
+        print(f"{name}: {n} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

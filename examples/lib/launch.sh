@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# Shared by every launch script (sourced, not run). One job: turn the command line a script
+# built into either a local `--dry_run` (DRY_RUN=1: OpenRLHF's real parser, no Ray, no GPU) or
+# a `ray job submit` of the very same arguments, so the two can never diverge.
+#
+# Environment (all optional):
+#   PYTHON        interpreter with openrlhf-sgrpo installed            (python3)
+#   RAY_ADDRESS   Ray dashboard of the head node                       (http://127.0.0.1:8265)
+#   SAVE_PATH     run folder: checkpoints, logs, rendered agent config (./runs/$RUN_NAME)
+#   EXTRA_ARGS    extra CLI flags appended last (argparse: the last value wins)
+#   DRY_RUN=1     print the parsed config as JSON instead of submitting
+
+set -euo pipefail
+
+EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+
+# The .py file OpenRLHF loads for --train.agent_func_path, found without importing it
+# (importing would pull torch + OpenRLHF just to print a path).
+agent_func_path() {
+  "$PYTHON" -c 'import importlib.util as u; s = u.find_spec("agent_env.openrlhf_agent"); print(s.origin)'
+}
+
+# render_agent_config BASE_YAML OUT_YAML KEY=VALUE...: validated copy with overrides applied.
+render_agent_config() {
+  local base="$1" out="$2"
+  shift 2
+  mkdir -p "$(dirname "$out")"
+  "$PYTHON" "$EXAMPLES_DIR/lib/render_agent_config.py" --base "$base" --out "$out" "$@"
+}
+
+# run_cli ARG...: the CLI with these arguments, dry or through `ray job submit`.
+# SGRPO_AGENT_CONFIG must name a file every node can read (shared filesystem).
+run_cli() {
+  local -a extra=()
+  if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<< "$EXTRA_ARGS"; fi
+  local -a cli=(-m openrlhf_sgrpo.cli.train_ppo_ray "$@" "${extra[@]}")
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    echo "[dry-run] SGRPO_AGENT_CONFIG=${SGRPO_AGENT_CONFIG:-} $PYTHON ${cli[*]} --dry_run" >&2
+    exec "$PYTHON" "${cli[@]}" --dry_run
+  fi
+  local env_json
+  env_json="$("$PYTHON" -c 'import json, os, sys
+keys = ["SGRPO_AGENT_CONFIG", "SERPER_API_KEY", "HF_HOME", "WANDB_API_KEY"]
+print(json.dumps({"env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))')"
+  echo "[launch] ray job submit --address=$RAY_ADDRESS -- python ${cli[*]}" >&2
+  exec ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$env_json" -- python "${cli[@]}"
+}
+
+# wait_for_health URL: fail fast when a tool service is not up (skipped in dry runs).
+wait_for_health() {
+  local url="$1"
+  [ "${DRY_RUN:-0}" = 1 ] && return 0
+  [ "${SKIP_HEALTH_CHECK:-0}" = 1 ] && return 0
+  for _ in $(seq 1 30); do
+    if "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$url" 2>/dev/null; then
+      return 0
+    fi
+    sleep 2
+  done
+  echo "error: $url did not answer within 60 s (start the tool stack: docker compose up -d; SKIP_HEALTH_CHECK=1 skips)" >&2
+  exit 1
+}
+
+# health_url SERVICE_URL: http://host:port/anything -> http://host:port/health
+health_url() {
+  local url="$1"
+  local origin="${url#*://}"
+  echo "${url%%://*}://${origin%%/*}/health"
+}
