@@ -69,3 +69,9 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     for _, validate in _EXTENSIONS:
         errors.extend(validate(args))
     return errors
+
+
+# SAPO and CalibAdv flags live in their own module (imported last: it needs register_flags).
+from openrlhf_sgrpo.cli.flags_extensions import add_extension_flags, validate_extension_args  # noqa: E402
+
+register_flags(add_extension_flags, validate_extension_args)

@@ -77,16 +77,6 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def _run(args: SimpleNamespace) -> None:
-    errors = validate_sgrpo_args(args)
-    if errors:
-        raise CliError("; ".join(errors))
-    if args.dry_run:
-        print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
-        return
-    launch(args)
-
-
 def launch(args: SimpleNamespace) -> None:
     """Start Ray with our worker hook, install our trainer, run OpenRLHF's train()."""
     import ray
@@ -103,16 +93,36 @@ def launch(args: SimpleNamespace) -> None:
     train(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
+def parse_config(argv: list[str]) -> SimpleNamespace:
+    """OpenRLHF's parse + hierarchize + validation, plus ours; raises CliError on bad values."""
+    captured: list[SimpleNamespace] = []
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "train_ppo_ray", *argv]
     namespace = {"__name__": "__main__", "argparse": _argparse_with_our_parser(), "os": os,
-                 "datetime": datetime.datetime, "train": _run}
+                 "datetime": datetime.datetime, "train": captured.append}
     try:
         exec(_upstream_main_block(), namespace)  # noqa: S102 - OpenRLHF's own, installed source
-    except (CliError, AssertionError) as exc:
+    except AssertionError as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        sys.argv = saved_argv
+    args = captured[0]
+    errors = validate_sgrpo_args(args)
+    if errors:
+        raise CliError("; ".join(errors))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_config(sys.argv[1:] if argv is None else argv)
+    except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
+        return 0
+    launch(args)
     return 0
 
 

@@ -150,8 +150,11 @@ class HFGenerationEngine:
         scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
         logp_all = torch.log_softmax(scaled, dim=-1)
         filtered = self._top_k_top_p(scaled, reqs)
+        # Exponential race (argmax p/E, E ~ Exp(1)) samples from `probs` like torch.multinomial
+        # but is several times faster over a 150k vocabulary on CPU.
         probs = torch.softmax(filtered, dim=-1)
-        sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        race = torch.empty_like(probs).exponential_(generator=self.generator)
+        sampled = (probs / race).argmax(dim=-1)
         tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
         return tokens.cpu(), logp_all.gather(1, tokens.unsqueeze(1)).squeeze(1).cpu()
 

@@ -25,6 +25,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.metrics import stratification_metrics
+from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import apply_calibadv
 from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
 from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
 
@@ -69,8 +70,13 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
         opts = sgrpo_options(self.args)
         with action_token_lengths(experiences):
             if not opts.is_stratified:
-                return super().compute_advantages_and_returns(experiences)
-            return self._stratified_advantages_and_returns(experiences, opts)
+                experiences = super().compute_advantages_and_returns(experiences)
+                # Theorem monitors for every estimator, on the same strata key (when emitted).
+                attach_batch_metrics(experiences, group_monitors(experiences, self.args, opts))
+            else:
+                experiences = self._stratified_advantages_and_returns(experiences, opts)
+        apply_calibadv(experiences, self.args)  # no-op unless --algo.calibadv.enable
+        return experiences
 
     def _stratified_advantages_and_returns(self, experiences: list, opts) -> list:
         args = self.args
@@ -90,11 +96,8 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
         for e, adv, std in zip(experiences, batch_order(experiences, advantages), batch_order(experiences, group_std)):
             e.info["group_reward_std"] = std
             e.info[ADVANTAGE_INFO_KEY] = adv
-            # Batch-level monitors ride along as per-sample constants: OpenRLHF's actor logs the
-            # sample-weighted mean of every info tensor, which is then the batch value itself.
-            for name, value in batch_metrics.items():
-                e.info[name] = torch.full_like(adv, value)
             self._token_level_returns(e, adv)
+        attach_batch_metrics(experiences, batch_metrics)
         return experiences
 
     def _token_level_returns(self, experience, advantage: torch.Tensor) -> None:
@@ -108,6 +111,27 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
         experience.advantages = experience.returns.clone()
         experience.info["return"] = reward.sum(dim=-1)
         experience.kl = None
+
+
+def attach_batch_metrics(experiences: list, metrics: dict[str, float]) -> None:
+    """Batch-level monitors ride along as per-sample constants: OpenRLHF's actor logs the
+    sample-weighted mean of every info tensor, which is then the batch value itself."""
+    for e in experiences:
+        for name, value in metrics.items():
+            e.info[name] = torch.full((len(e.index),), float(value))
+
+
+def group_monitors(experiences: list, args, opts) -> dict[str, float]:
+    """Theorem monitors for a non-stratified estimator; {} when the strata key is not emitted."""
+    keys = parse_stratify_by(opts.stratify_by)
+    if any(k not in e.info for e in experiences for k in keys):
+        return {}
+    n = args.rollout.n_samples_per_prompt
+    if n < 2:  # no prompt groups, nothing to decompose
+        return {}
+    rewards = prompt_ordered(experiences, [e.rewards for e in experiences])
+    merged_info = {k: prompt_ordered(experiences, [_info_values(e, k) for e in experiences]) for k in keys}
+    return stratification_metrics(rewards, strata_from_info(merged_info, keys, cap=opts.strata_cap), n, eps=opts.eps)
 
 
 def _info_values(experience, key: str) -> torch.Tensor:

@@ -42,3 +42,9 @@ def patches_active() -> bool:
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 
     return ppo_trainer.RemoteExperienceMaker is StratifiedExperienceMaker
+
+
+# SAPO's actor-loss patch (imports only torch and our math at module level: no cycle).
+from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch  # noqa: E402
+
+register_installer(install_sapo_patch)

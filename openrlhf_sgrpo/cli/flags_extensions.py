@@ -1,0 +1,66 @@
+"""CLI flags of the two extra methods users compare with Stratified GRPO: SAPO and CalibAdv.
+
+Registered into :mod:`openrlhf_sgrpo.cli.flags` (``register_flags``); defaults come from the math
+modules so the CLI, the Ray workers (which read ``args.algo.sapo`` / ``args.algo.calibadv`` with
+the same defaults) and the single-machine runner agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+from types import SimpleNamespace
+
+from openrlhf_sgrpo import calibadv, sapo
+
+SAPO = "--algo.sapo."
+CALIB = "--algo.calibadv."
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.strip().lower() in ("none", "") else float(text)
+
+
+def add_extension_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("openrlhf-sgrpo: SAPO (conditional KL on drifting positive tokens)")
+    g.add_argument(f"{SAPO}enable", action="store_true", default=False,
+                   help="add coef * KL(pi_old || pi_theta) on tokens with advantage >= 0 and ratio <= threshold")
+    g.add_argument(f"{SAPO}coef", type=float, default=sapo.DEFAULT_COEF, help="weight of the SAPO term")
+    g.add_argument(f"{SAPO}ratio_threshold", type=float, default=sapo.DEFAULT_RATIO_THRESHOLD,
+                   help="penalize positive tokens whose pi_theta/pi_old fell to <= this")
+    g.add_argument(f"{SAPO}estimator", type=str, default=sapo.DEFAULT_ESTIMATOR, choices=list(sapo.SAPO_ESTIMATORS),
+                   help="per-token KL estimator: k1 = -log r, k3 = r - 1 - log r")
+
+    c = parser.add_argument_group("openrlhf-sgrpo: CalibAdv (calibrated advantages for search turns)")
+    d = calibadv.CalibAdvConfig()
+    c.add_argument(f"{CALIB}enable", action="store_true", default=False,
+                   help="soften negative advantages of turns that found new silver docs; rebalance answers")
+    c.add_argument(f"{CALIB}silver_f1", type=float, default=d.silver_f1,
+                   help="F1 a well-formatted rollout needs for its retrieved docs to count as silver")
+    c.add_argument(f"{CALIB}target_ratio", type=float, default=d.target_ratio,
+                   help="sum|negative| / sum positive after per-group rebalancing (1 = equal mass)")
+    c.add_argument(f"{CALIB}adjust", type=str, default=d.adjust, choices=list(calibadv.ADJUST_SIDES),
+                   help="which side the rebalancing rescales")
+    c.add_argument(f"{CALIB}rebalance", type=str, default=d.rebalance, choices=list(calibadv.REBALANCE_SCOPES),
+                   help="tokens rebalanced per group: the answer segment, the whole response, or none")
+    c.add_argument(f"{CALIB}only_apply_risky", action="store_true", default=d.only_apply_risky,
+                   help="rebalance only groups whose sum|neg|/sum pos exceeds target_ratio")
+    c.add_argument(f"{CALIB}softpenalty_first", action="store_true", default=d.softpenalty_first,
+                   help="apply the per-turn soft penalty before the rebalancing (default: after)")
+    c.add_argument(f"{CALIB}aggressive_threshold", type=_optional_float, default=d.aggressive_threshold,
+                   help="turn score s_t >= this zeroes a negative turn instead of scaling it (None: off)")
+    c.add_argument(f"{CALIB}positive_upper_limit", action="store_true", default=d.positive_upper_limit,
+                   help="negative turns get A + (max group A - A) * s_t instead of A * (1 - s_t)")
+    c.add_argument(f"{CALIB}reset2zero", action="store_true", default=d.reset2zero,
+                   help="positive rollouts get 0 on a search turn every rollout of the group aced")
+
+
+def validate_extension_args(args: SimpleNamespace) -> list[str]:
+    """Every bad SAPO/CalibAdv value, each message naming the flag."""
+    s = args.algo.sapo
+    errors = sapo.config_errors(s.coef, s.ratio_threshold, s.estimator, prefix=SAPO)
+    c = args.algo.calibadv
+    errors += calibadv.config_errors(c, prefix=CALIB)
+    if c.enable and args.rollout.n_samples_per_prompt < 2:
+        errors.append(f"{CALIB}enable needs prompt groups: --rollout.n_samples_per_prompt >= 2, "
+                      f"got {args.rollout.n_samples_per_prompt}")
+    return errors

@@ -1,0 +1,47 @@
+"""Questions for training and evaluation, read from FlashRAG-format jsonl files.
+
+FlashRAG (and Search-R1) store one question per line: ``{"id", "question", "golden_answers"}``.
+A bad line is reported with its file and line number instead of a KeyError deep in a rollout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Question:
+    qid: str
+    question: str
+    golds: list[str]
+
+
+class DataError(ValueError):
+    """A dataset file is missing or malformed; the message names the file and line."""
+
+
+def load_flashrag_jsonl(path: str | Path, limit: int | None = None) -> list[Question]:
+    """Questions from a FlashRAG jsonl file (``limit``: the first N lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file not found: {path}")
+    out: list[Question] = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not JSON ({err.msg})") from None
+            missing = [k for k in ("question", "golden_answers") if k not in row]
+            if missing:
+                raise DataError(f"{path}:{line_no}: missing {missing} (FlashRAG rows need id, question, golden_answers)")
+            golds = row["golden_answers"]
+            golds = [str(g) for g in golds] if isinstance(golds, list) else [str(golds)]
+            out.append(Question(str(row.get("id", f"{path.stem}-{line_no}")), str(row["question"]), golds))
+    return out

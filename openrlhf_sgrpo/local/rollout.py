@@ -1,0 +1,137 @@
+"""Run the agent over prompts on one machine: OpenRLHF's executor + our agent + the HF engine.
+
+``agent_env.openrlhf_agent.AgentExecutor`` (a ``MultiTurnAgentExecutor``) is the code the
+cluster run loads with ``--train.agent_func_path``; here it is awaited for every (prompt,
+sample) at once on one asyncio loop, against :class:`~openrlhf_sgrpo.local.hf_engine.
+HFGenerationEngine`, which batches the concurrent ``generate`` calls. Two thin proxies add what
+a single machine needs: a per-turn token cap (the executor sets ``max_tokens`` to the whole
+remaining context, which a small CPU model would happily fill) and interval timing of
+generate and tool calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from agent_env import info_keys as K
+from agent_env.config import AgentConfig
+from agent_env.openrlhf_agent import AgentExecutor
+from agent_env.tools import get_toolset
+from openrlhf_sgrpo.local.experience import Sample, tensorize_response
+from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.local.timing import IntervalRecorder, rollout_timing
+
+
+class TimedEngine:
+    """``generate`` with a per-turn ``max_tokens`` cap and a recorded interval per call."""
+
+    def __init__(self, engine, recorder: IntervalRecorder, max_tokens_per_turn: int | None):
+        self.engine, self.recorder, self.cap = engine, recorder, max_tokens_per_turn
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        if self.cap is not None and (sampling_params.max_tokens is None or sampling_params.max_tokens > self.cap):
+            sampling_params.max_tokens = self.cap
+        start = time.monotonic()
+        try:
+            return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+        finally:
+            self.recorder.add("generate", start, time.monotonic())
+
+
+class TimedTool:
+    """Wraps a tool client; records the interval of each ``search`` / ``run`` call."""
+
+    def __init__(self, client, kind: str, method: str, recorder: IntervalRecorder):
+        self._client, self._kind, self._method, self._recorder = client, kind, method, recorder
+
+    def __getattr__(self, name):
+        attr = getattr(self._client, name)
+        if name != self._method:
+            return attr
+
+        async def timed(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return await attr(*args, **kwargs)
+            finally:
+                self._recorder.add(self._kind, start, time.monotonic())
+        return timed
+
+
+@dataclass
+class RolloutResult:
+    samples: list[Sample]  # prompt-contiguous: n per prompt
+    timing: dict = field(default_factory=dict)
+
+
+def label_of(golds: list[str]) -> str:
+    """The dataset label the agent parses (``agent_env.rewards.parse_golds``): a JSON list."""
+    return json.dumps([str(g) for g in golds])
+
+
+class AgentRollout:
+    """Owns one event loop, the executor and the instrumented engine/tools."""
+
+    def __init__(self, engine, tokenizer, agent_config: AgentConfig, max_len: int,
+                 max_tokens_per_turn: int | None = 64, temperature: float = 1.0, top_p: float = 1.0):
+        self.tokenizer, self.max_len = tokenizer, max_len
+        self.temperature, self.top_p = temperature, top_p
+        self.recorder = IntervalRecorder()
+        self.engine = TimedEngine(engine, self.recorder, max_tokens_per_turn)
+        self.executor = AgentExecutor(agent_config)
+        tools = get_toolset(agent_config)
+        if not isinstance(tools.search, TimedTool):
+            tools.search = TimedTool(tools.search, "search", "search", self.recorder)
+            tools.sandbox = TimedTool(tools.sandbox, "code", "run", self.recorder)
+        self.tools = tools
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, prompts: list[str], golds: list[list[str]], n: int = 1, greedy: bool = False,
+            desc: str = "rollout", progress: bool = True) -> RolloutResult:
+        """``n`` trajectories per prompt, all in flight at once; samples come back prompt-contiguous."""
+        if len(prompts) != len(golds):
+            raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
+        self.recorder.clear()
+        start = time.monotonic()
+        responses = self.loop.run_until_complete(self._run_all(prompts, golds, n, greedy, desc, progress))
+        wall = time.monotonic() - start
+        samples = [tensorize_response(r, self.max_len) for r in responses]
+        return RolloutResult(samples, rollout_timing(self.recorder, wall))
+
+    def _params(self, greedy: bool) -> SamplingParams:
+        return SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
+                              max_tokens=None)
+
+    async def _run_all(self, prompts, golds, n, greedy, desc, progress) -> list[dict]:
+        jobs = [(p, label_of(g)) for p, g in zip(prompts, golds) for _ in range(n)]
+        bar = tqdm(total=len(jobs), desc=desc, unit="traj", disable=not progress, dynamic_ncols=True)
+        stats = {"reward": 0.0, "em": 0.0, "tools": 0.0}
+
+        async def one(prompt: str, label: str) -> dict:
+            out = await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer,
+                                              self.engine)
+            logs = out.get("extra_logs") or {}
+            stats["reward"] += float(out.get("reward") or 0.0)
+            stats["em"] += float(logs.get(K.EM, 0.0))
+            stats["tools"] += float(logs.get(K.TOOL_CALLS, 0.0))
+            bar.update(1)
+            done = bar.n
+            bar.set_postfix(reward=f"{stats['reward'] / done:.2f}", em=f"{stats['em'] / done:.2f}",
+                            tools=f"{stats['tools'] / done:.2f}", refresh=False)
+            return out
+
+        try:
+            return list(await asyncio.gather(*(one(p, lab) for p, lab in jobs)))
+        finally:
+            bar.close()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.run_until_complete(self.tools.close())
+        self.loop.close()

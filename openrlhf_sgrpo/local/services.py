@@ -1,0 +1,58 @@
+"""Start the retriever and the sandbox on loopback for a single-machine run, and stop them.
+
+Both come from their own parts' helpers (``retriever_server.testing.RunningServer``: waitress in
+a thread of this process; ``sandbox.testing.RunningSandbox``: a child process with the local
+bubblewrap backend), on free ports. :func:`local_services` yields the URLs; the caller puts
+them into the agent's config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceUrls:
+    retriever_url: str | None  # ".../retrieve"
+    sandbox_url: str | None  # ".../run_code"
+
+
+def ensure_index(corpus_jsonl: str | Path, index_dir: str | Path, model: str | Path | None = None,
+                 progress: bool = True) -> Path:
+    """Build the FAISS index for a corpus jsonl, or reuse a complete one for the same corpus+model."""
+    from retriever_server.build_index import build_index
+
+    from openrlhf_sgrpo.assets import minilm_dir
+
+    model = str(model or minilm_dir())
+    result = build_index(corpus_jsonl, index_dir, model=model, index_type="flat", batch_size=32,
+                         max_length=256, progress=progress)
+    log.info("index %s: %d passages (%d encoded now, %.1fs)", result.out_dir, result.count, result.encoded,
+             result.seconds)
+    return result.out_dir
+
+
+@contextlib.contextmanager
+def local_services(index_dir: str | Path | None, sandbox: bool = True, sandbox_concurrency: int = 4,
+                   topk: int = 3) -> Iterator[ServiceUrls]:
+    """Retriever over ``index_dir`` (None: no retriever) and, if asked, the sandbox; both stopped on exit."""
+    with contextlib.ExitStack() as stack:
+        retriever_url = sandbox_url = None
+        if index_dir is not None:
+            from retriever_server.config import ServerConfig
+            from retriever_server.testing import RunningServer
+
+            srv = stack.enter_context(RunningServer(ServerConfig(index=str(index_dir), topk=topk)))
+            retriever_url = f"{srv.url}/retrieve"
+        if sandbox:
+            from sandbox.testing import RunningSandbox
+
+            sb = stack.enter_context(RunningSandbox(backend="local", max_concurrency=sandbox_concurrency))
+            sandbox_url = f"{sb.url}/run_code"
+        yield ServiceUrls(retriever_url, sandbox_url)
