@@ -44,12 +44,7 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
 
 def _own_paths() -> dict[str, str]:
     """Controller name (or '' for v2) -> this process's cgroup path."""
-    paths = {}
-    for line in _read("/proc/self/cgroup").splitlines():
-        _, controllers, path = line.split(":", 2)
-        for c in controllers.split(",") if controllers else [""]:
-            paths[c] = path
-    return paths
+    return _own_paths_of(os.getpid())
 
 
 def _pids_in(procs_file: str) -> list[int]:
@@ -59,11 +54,11 @@ def _pids_in(procs_file: str) -> list[int]:
         return []
 
 
-def _kill_until_empty(procs_files: list[str]) -> int:
-    """SIGKILL every pid listed until the cgroups are empty; returns how many kills were sent."""
+def _kill_until_empty(procs_files: list[str], keep: frozenset[int] = frozenset()) -> int:
+    """SIGKILL every pid listed (but `keep`) until none is left; returns how many kills were sent."""
     sent, deadline = 0, time.monotonic() + KILL_DEADLINE_S
     while time.monotonic() < deadline:
-        pids = {p for f in procs_files for p in _pids_in(f)}
+        pids = {p for f in procs_files for p in _pids_in(f)} - keep
         if not pids:
             return sent
         for pid in pids:
@@ -136,13 +131,13 @@ class Slot:
     def pids(self) -> list[int]:
         return sorted({p for f in self.attach_files for p in _pids_in(f)})
 
-    def kill_all(self) -> int:
-        """Kill every process in the slot, setsid escapees included."""
-        if self.version == 2:
+    def kill_all(self, keep: frozenset[int] = frozenset()) -> int:
+        """Kill every process in the slot (setsid escapees included) except the pids in `keep`."""
+        if self.version == 2 and not keep:
             kill_file = os.path.join(self.dirs[""], "cgroup.kill")
             if os.path.exists(kill_file) and self.pids():
                 _write(kill_file, "1")
-        return _kill_until_empty(self.attach_files)
+        return _kill_until_empty(self.attach_files, keep)
 
     def remove(self) -> None:
         self.kill_all()
@@ -239,3 +234,35 @@ def create_pool(size: int) -> CgroupPool:
     except OSError as err:
         errors.append(f"v1: {err}")
     raise OSError("; ".join(errors))
+
+
+def slot_of_process(pid: int) -> Slot | None:
+    """The memory+pids cgroups that host process `pid` lives in (e.g. a container's init), or None
+    when they are not visible from here (remote engine, other mount namespace)."""
+    try:
+        paths = _own_paths_of(pid)
+        mounts = _mounts()
+    except OSError:
+        return None
+    if "" in paths and len(paths) == 1:  # pure v2
+        for point, fstype, _ in mounts:
+            d = os.path.join(point, paths[""].lstrip("/"))
+            if fstype == "cgroup2" and os.path.exists(os.path.join(d, "memory.events")):
+                return Slot(2, {"": d})
+        return None
+    dirs = {}
+    for ctrl in ("memory", "pids"):
+        for point, fstype, opts in mounts:
+            d = os.path.join(point, paths.get(ctrl, "/").lstrip("/"))
+            if fstype == "cgroup" and ctrl in opts and os.path.isdir(d):
+                dirs[ctrl] = d
+    return Slot(1, dirs) if len(dirs) == 2 else None
+
+
+def _own_paths_of(pid: int) -> dict[str, str]:
+    paths = {}
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(",") if controllers else [""]:
+            paths[c] = path
+    return paths

@@ -35,11 +35,16 @@ def _make_docker():
     try:
         from sandbox.backends.docker_pool import DockerBackend, docker_host
 
-        return DockerBackend(pool_size=POOL)
+        backend = DockerBackend(pool_size=POOL)
     except Exception as err:  # engine down, socket missing, image not built
         reason = f"Docker unavailable (DOCKER_HOST={docker_host()!r}): {type(err).__name__}: {err}"
         print(reason)
         pytest.skip(reason)
+    missing = backend.probe().missing
+    if missing:
+        backend.close()
+        pytest.fail(f"docker isolation incomplete: {missing}")
+    return backend
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
@@ -182,5 +187,8 @@ def test_docker_leak_loop_and_healing():
         backend.close()
     from sandbox.backends.docker_pool import LABEL, docker_client
 
-    with docker_client() as client:
+    client = docker_client()
+    try:
         assert client.containers.list(all=True, filters={"label": f"{LABEL}={backend.service_id}"}) == []
+    finally:
+        client.close()

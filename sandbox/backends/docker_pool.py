@@ -28,6 +28,7 @@ from docker.types import Ulimit
 
 from ..api import (DEFAULT_MEMORY_MB, RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult,
                    RunRequest)
+from ..cgroups import Slot, slot_of_process
 from ..output import CappedBuffer
 from ..probe import run_probe
 from .base import Backend, Guarantees
@@ -49,18 +50,32 @@ LABEL = "sgrpo-sandbox"
 REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\nwhile True:\n"
           "    signal.sigwait([signal.SIGCHLD])\n    try:\n        while os.waitpid(-1, os.WNOHANG)[0]: pass\n"
           "    except ChildProcessError: pass\n")
-# Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program).
+# Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program), writes
+# the files, then runs main.py in this same interpreter (one Python start-up per run, not two).
 BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b) < n:\n"
         "        c = os.read(0, n - len(b))\n        if not c: break\n        b += c\n    return b\n"
         "m = json.loads(rd(int(rd(10))))\nfor p, d in m['files'].items():\n"
         "    os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
         "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
-        "os.execv(sys.executable, [sys.executable, '-E', '-s', 'main.py'])\n")
+        "sys.argv = ['main.py']\ng = {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__}\n"
+        "exec(compile(m['code'], 'main.py', 'exec'), g)\n")
 CLEANUP = ("i=0; while :; do kill -9 -1 2>/dev/null; set -- /proc/[0-9]*; [ $# -le 2 ] && break; "
            "i=$((i+1)); [ $i -ge 100 ] && break; sleep 0.02; done; n=$#; "
            "chmod -R u+rwx /work /tmp /dev/shm 2>/dev/null; "
            "for d in /work /tmp /dev/shm; do find $d -mindepth 1 -delete 2>/dev/null; done; "
-           "left=$(ls -A /work /tmp /dev/shm | grep -cv -e '^/' -e '^$'); echo \"procs=$n left=$left\"")
+           "left=$(ls -A /work /tmp /dev/shm | grep -cv -e '^/' -e '^$'); "
+           "oom=$(cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
+           "| sed -n 's/^oom_kill //p' | head -n 1); echo \"procs=$n left=$left oom=${oom:--1}\"")
+SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in ("/work", "/tmp", "/dev/shm"))
+DIRTY_RC = 222
+DIRTY_MARK = "sgrpo-sandbox: container not clean"
+# Prefix of every warm run, before any untrusted code: wipe scratch dirs, then refuse to run
+# (exit DIRTY_RC) unless only pid 1 and this shell exist and the dirs are empty.
+RUN = ('t="$0"; b="$1"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx /work /tmp /dev/shm; '
+       'rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null; }; set -- /proc/[0-9]*; '
+       f'[ $# -le 2 ] || {{ echo "{DIRTY_MARK}: $# processes" >&2; exit {DIRTY_RC}; }}; '
+       'for f in ' + SCRATCH_GLOBS + f'; do [ -e "$f" ] && {{ echo "{DIRTY_MARK}: $f" >&2; exit {DIRTY_RC}; }}; done; '
+       'exec timeout -s KILL "$t" python3 -E -s -c "$b"')
 
 
 def docker_host() -> str | None:
@@ -129,6 +144,9 @@ class _Box:
 
     container: object
     memory_mb: int
+    oom_kills: int = 0  # the container cgroup's oom_kill counter after the last cleanup
+    init_pid: int = 0  # host pid of the reaper (pid 1 inside)
+    cgroup: Slot | None = None  # the container's cgroups as seen from this host, when visible
 
 
 class DockerBackend(Backend):
@@ -154,19 +172,26 @@ class DockerBackend(Backend):
                 self._free.put(self._new_box())
 
     # ---- container lifecycle ----------------------------------------------------------------
+    def _host_config(self, memory_mb: int) -> dict:
+        return dict(network_mode="none", mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
+                    pids_limit=PIDS_LIMIT, nano_cpus=NANO_CPUS, read_only=True, tmpfs=dict(TMPFS),
+                    cap_drop=["ALL"], security_opt=["no-new-privileges"], ulimits=ULIMITS)
+
+    def _container_config(self) -> dict:
+        return dict(user=USER, working_dir="/work", labels={LABEL: self.service_id},
+                    environment={"HOME": "/work", "LANG": "C.UTF-8"})
+
     def _container_kwargs(self, memory_mb: int, command: list[str]) -> dict:
-        return dict(image=self.image, command=command, user=USER, working_dir="/work", network_mode="none",
-                    mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m", pids_limit=PIDS_LIMIT,
-                    nano_cpus=NANO_CPUS, read_only=True, tmpfs=dict(TMPFS), cap_drop=["ALL"],
-                    security_opt=["no-new-privileges"], ulimits=ULIMITS,
-                    labels={LABEL: self.service_id}, environment={"HOME": "/work", "LANG": "C.UTF-8"})
+        return dict(image=self.image, command=command, **self._container_config(), **self._host_config(memory_mb))
 
     def _new_box(self) -> _Box:
         c = self.client.containers.run(detach=True, **self._container_kwargs(
             self.memory_mb, ["python3", "-E", "-s", "-c", REAPER]))
         with self._lock:
             self._boxes.add(c.id)
-        return _Box(c, self.memory_mb)
+        c.reload()
+        pid = int(c.attrs["State"].get("Pid") or 0)
+        return _Box(c, self.memory_mb, init_pid=pid, cgroup=slot_of_process(pid) if pid else None)
 
     def _discard(self, box: _Box) -> None:
         with self._lock:
@@ -196,21 +221,25 @@ class DockerBackend(Backend):
             try:
                 if box.memory_mb != request.memory_limit_mb:
                     box.container.update(mem_limit=f"{request.memory_limit_mb}m",
-                                         memswap=f"{request.memory_limit_mb}m")
+                                         memswap_limit=f"{request.memory_limit_mb}m")
                     box.memory_mb = request.memory_limit_mb
                 exec_id = self.client.api.exec_create(
-                    box.container.id, ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s",
-                                       "-c", BOOT], stdin=True, user=USER, workdir="/work")["Id"]
+                    box.container.id, ["sh", "-c", RUN, f"{request.run_timeout}s", BOOT],
+                    stdin=True, user=USER, workdir="/work")["Id"]
             except (NotFound, APIError) as err:  # the container died under us: heal, retry once
                 log.warning("sandbox container unusable (%s); replacing", err)
                 threading.Thread(target=self._replace, args=(box,), daemon=True).start()
                 if attempt:
                     raise
                 continue
-            return self._exec(box, exec_id, request, max_output_bytes)
-        raise RuntimeError("unreachable")
+            result = self._exec(box, exec_id, request, max_output_bytes)
+            if result is not None:
+                return result
+        return ExecResult(RUN_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
 
-    def _exec(self, box: _Box, exec_id: str, request: RunRequest, cap: int) -> ExecResult:
+    def _exec(self, box: _Box, exec_id: str, request: RunRequest, cap: int) -> ExecResult | None:
+        """One run; None if the container refused it as not clean (it is then replaced)."""
+        oom_before = box.cgroup.oom_kills() if box.cgroup else 0
         start = time.monotonic()
         sock = self.client.api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
@@ -220,12 +249,26 @@ class DockerBackend(Backend):
             raw.close()
         elapsed = time.monotonic() - start
         rc = self.client.api.exec_inspect(exec_id).get("ExitCode")
-        healthy = self._cleanup(box)
-        oom = False
-        if rc == 137 and elapsed < request.run_timeout:
+        if rc == DIRTY_RC and stderr.startswith(DIRTY_MARK):
+            log.warning("%s; replacing", stderr.strip())
+            threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+            return None
+        if box.cgroup is not None:  # host view: kill leftovers directly, no extra exec
+            try:
+                box.cgroup.kill_all(keep=frozenset({box.init_pid}))
+                healthy, oom_kills = True, box.cgroup.oom_kills() - oom_before
+            except (OSError, RuntimeError):
+                healthy, oom_kills = False, -1
+            oom = oom_kills > 0
+        else:
+            healthy, oom_kills = self._cleanup(box)
+            oom = oom_kills > box.oom_kills
+            box.oom_kills = max(oom_kills, box.oom_kills)
+        if oom_kills < 0 and rc == 137 and elapsed < request.run_timeout:
+            # cgroup counter unreadable in the container: fall back to the engine's sticky flag
             box.container.reload()
             oom = bool(box.container.attrs["State"].get("OOMKilled"))
-            healthy = healthy and not oom  # OOMKilled is sticky: replace to reset it
+            healthy = healthy and not oom  # the flag only resets with a new container
         if healthy:
             self.recycled += 1
             self._free.put(box)
@@ -243,21 +286,20 @@ class DockerBackend(Backend):
             return RUN_ERROR
         return RUN_FINISHED
 
-    def _cleanup(self, box: _Box) -> bool:
-        """Kill leftovers and wipe scratch dirs; True only if the container is provably clean."""
+    def _cleanup(self, box: _Box) -> tuple[bool, int]:
+        """Kill leftovers, wipe scratch dirs; (provably clean?, cgroup oom_kill count or -1)."""
         try:
             out = box.container.exec_run(["sh", "-c", CLEANUP], user=USER).output.decode()
             fields = dict(kv.split("=") for kv in out.split())
-            return int(fields["procs"]) <= 2 and int(fields["left"]) == 0
+            return int(fields["procs"]) <= 2 and int(fields["left"]) == 0, int(fields["oom"])
         except (DockerException, ValueError, KeyError) as err:
             log.warning("cleanup failed (%s); container will be replaced", err)
-            return False
+            return False, -1
 
     def _run_cold(self, request: RunRequest, cap: int) -> ExecResult:
-        kwargs = self._container_kwargs(
-            request.memory_limit_mb,
-            ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s", "-c", BOOT])
-        c = self.client.containers.create(stdin_open=True, stdin_once=True, **kwargs)
+        command = ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s", "-c", BOOT]
+        # docker-py sets StdinOnce with stdin_open, so our half-close reaches the program as EOF
+        c = self.client.containers.create(stdin_open=True, **self._container_kwargs(request.memory_limit_mb, command))
         try:
             sock = c.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             raw = getattr(sock, "_sock", sock)
