@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .api import DEFAULT_MAX_OUTPUT_BYTES
 from .app import create_app
 from .backends import make_backend
-from .backends.base import Backend, Guarantees, IsolationError
+from .backends.base import Backend, Guarantees
 
 LISTENING_PREFIX = "SANDBOX_LISTENING "
 log = logging.getLogger("sandbox.serve")
@@ -31,6 +31,7 @@ class ServeConfig:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     allow_weaker_isolation: bool = False
     docker_image: str = "sgrpo-sandbox:latest"
+    docker_mode: str = "warm"
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--allow-weaker-isolation", action="store_true",
                    help="serve even if a guarantee failed its start-up probe (/health lists it)")
     p.add_argument("--docker-image", default="sgrpo-sandbox:latest")
+    p.add_argument("--docker-mode", choices=("warm", "cold"), default="warm",
+                   help="warm: pooled containers + exec; cold: one container per run (baseline)")
     a = p.parse_args(argv)
     if a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
@@ -55,12 +58,13 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     if a.max_output_bytes < 1:
         p.error(f"--max-output-bytes must be >= 1, got {a.max_output_bytes}")
     return ServeConfig(a.backend, a.host, a.port, a.max_concurrency, a.max_queue, a.max_output_bytes,
-                       a.allow_weaker_isolation, a.docker_image)
+                       a.allow_weaker_isolation, a.docker_image, a.docker_mode)
 
 
 def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
     """Create and probe the backend; raise IsolationError (after cleanup) if it is too weak."""
-    backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image)
+    backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image,
+                           docker_mode=cfg.docker_mode)
     try:
         guarantees = backend.probe()
         guarantees.enforce(cfg.allow_weaker_isolation)
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         backend, guarantees = start_backend(cfg)
-    except (IsolationError, RuntimeError, OSError) as err:
+    except Exception as err:  # engine down, image missing, isolation too weak: say why, exit 2
         print(f"sandbox: refusing to start: {err}", file=sys.stderr)
         return 2
     app = create_app(backend, guarantees, cfg.max_concurrency, cfg.max_queue, cfg.max_output_bytes)

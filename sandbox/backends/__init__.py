@@ -5,7 +5,8 @@ from __future__ import annotations
 from .base import Backend
 
 
-def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:latest") -> Backend:
+def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:latest",
+                 docker_mode: str = "warm") -> Backend:
     """Build a backend by name ('local' or 'docker'); docker-py is only needed for 'docker'."""
     if name == "local":
         from .local import LocalBackend
@@ -14,5 +15,5 @@ def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:late
     if name == "docker":
         from .docker_pool import DockerBackend
 
-        return DockerBackend(image=image, pool_size=pool_size)
+        return DockerBackend(image=image, pool_size=pool_size, mode=docker_mode)
     raise ValueError(f"unknown backend {name!r}; choose 'local' or 'docker'")

@@ -1,0 +1,78 @@
+"""`print(1)` executions per second through the HTTP service, 1/4/16 concurrent clients.
+
+Backends: local (bwrap+cgroup), Docker warm pool, Docker cold (one container per run). Prints a
+table and the ratios warm/cold and local-vs-goal, all measured in this same run.
+
+    python bench/sandbox_throughput.py --runs 64 [--skip-docker]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from tqdm import tqdm
+
+from sandbox.testing import RunningSandbox
+
+BODY = {"code": "print(1)", "language": "python"}
+LOCAL_GOAL_16 = 60.0
+
+
+def measure(url: str, clients: int, runs: int) -> float:
+    """Executions/s for `runs` requests from `clients` threads (each with its own session)."""
+    def one(_: int) -> bool:
+        with requests.Session() as s:
+            body = s.post(f"{url}/run_code", json=BODY, timeout=120).json()
+        return body.get("run_result", {}).get("stdout") == "1\n"
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(clients)))  # warm-up: one per client
+        start = time.perf_counter()
+        ok = list(tqdm(pool.map(one, range(runs)), total=runs, desc=f"{clients} clients", leave=False))
+        elapsed = time.perf_counter() - start
+    if not all(ok):
+        raise RuntimeError(f"{ok.count(False)} of {runs} runs did not print 1")
+    return runs / elapsed
+
+
+def bench(name: str, backend: str, extra: list[str], clients: list[int], runs: int, conc: int) -> dict[int, float]:
+    out = {}
+    with RunningSandbox(backend=backend, max_concurrency=conc, max_queue=256, extra_args=extra) as sb:
+        for c in clients:
+            out[c] = measure(sb.url, c, runs)
+            print(f"{name:>12} | {c:>2} clients | {out[c]:7.1f} exec/s", flush=True)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--runs", type=int, default=64, help="timed requests per client count")
+    p.add_argument("--cold-runs", type=int, default=16)
+    p.add_argument("--clients", default="1,4,16")
+    p.add_argument("--max-concurrency", type=int, default=4)
+    p.add_argument("--skip-docker", action="store_true")
+    a = p.parse_args()
+    clients = [int(c) for c in a.clients.split(",")]
+    results = {"local": bench("local", "local", [], clients, a.runs, a.max_concurrency)}
+    if not a.skip_docker:
+        results["docker_warm"] = bench("docker warm", "docker", [], clients, a.runs, a.max_concurrency)
+        results["docker_cold"] = bench("docker cold", "docker", ["--docker-mode", "cold"], clients,
+                                       a.cold_runs, a.max_concurrency)
+    print("\nratios (same run):")
+    top = max(clients)
+    print(f"  local @{top} clients vs goal {LOCAL_GOAL_16}/s: {results['local'][top] / LOCAL_GOAL_16:.2f}x")
+    if "docker_cold" in results:
+        for c in clients:
+            print(f"  docker warm / cold @{c:>2} clients: "
+                  f"{results['docker_warm'][c] / results['docker_cold'][c]:.1f}x (goal >= 5x)")
+        for c in clients:
+            print(f"  local / docker warm @{c:>2} clients: {results['local'][c] / results['docker_warm'][c]:.1f}x")
+    print(json.dumps({k: {str(c): round(v, 2) for c, v in r.items()} for k, r in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
