@@ -5,9 +5,11 @@
 #
 #   SERPER_API_KEY=... SANDBOX_URL=http://tools-host:8080/run_code ./train_deep_research.sh
 #   DRY_RUN=1 ./train_deep_research.sh   # parsed config only (no Ray, no GPU, no key needed)
-# Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep: prepare_qa.py
-# --template deep_research), SANDBOX_URL, NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH,
-# STEPS (200), plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
+# The agent renders the deep-research prompt itself (it offers <code> only with that template),
+# so OpenRLHF feeds it the raw question: --data.input_key question.
+# Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep, from prepare_qa.py qa
+# --template deep_research), SANDBOX_URL, NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH, STEPS (200),
+# plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
 readonly MAX_TURNS=10
@@ -44,8 +46,8 @@ args=(
   --train.colocate_all --vllm.enable_sleep --ds.enable_sleep
   --ds.zero_stage 3 --ds.param_dtype bf16 --ds.packing_samples --actor.gradient_checkpointing_enable
   --ds.adam_offload
-  --actor.model_name_or_path "$MODEL" --data.apply_chat_template
-  --data.prompt_dataset "$DATA_DIR/train.jsonl" --data.input_key prompt --data.label_key answers
+  --actor.model_name_or_path "$MODEL"
+  --data.prompt_dataset "$DATA_DIR/train.jsonl" --data.input_key question --data.label_key answers
   --data.max_samples $((STEPS * PROMPTS_PER_STEP)) --data.max_len "$MAX_LEN"
   --train.agent_func_path "$(agent_func_path)"
   --rollout.batch_size "$PROMPTS_PER_STEP" --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
