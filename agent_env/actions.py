@@ -20,7 +20,7 @@ _OPEN_THINK_TAIL = re.compile(r"<think>.*\Z", re.DOTALL)
 _ACTION = re.compile(r"<(search|code|answer)>(.*?)</\1>", re.DOTALL)
 _OPEN_ACTION = re.compile(r"<(search|code|answer)>", re.DOTALL)
 _ANY_TAG = re.compile(r"</?([A-Za-z_][\w-]*)>")
-_FENCE = re.compile(r"^\s*```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)\n?[ \t]*```\s*$", re.DOTALL | re.IGNORECASE)
+_FENCE_LANG = re.compile(r"[\w+.-]*")
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,18 @@ def strip_think(text: str) -> str:
 
 
 def strip_code_fence(code: str) -> str:
-    """`<code>` may hold bare code or a single ```python fenced block."""
-    match = _FENCE.match(code)
-    return match.group(1) if match else code
+    """`<code>` may hold bare code or one ```python fenced block; return the code itself."""
+    text = code.strip()
+    if not text.startswith("```"):
+        return code
+    body = text[3:]
+    first, newline, rest = body.partition("\n")
+    if newline and _FENCE_LANG.fullmatch(first.strip()):
+        body = rest
+    body = body.rstrip()
+    if body.endswith("```"):
+        body = body[:-3]
+    return body.strip("\n")
 
 
 def parse_action(text: str, allowed: tuple[str, ...] = ACTION_TAGS) -> Action:
