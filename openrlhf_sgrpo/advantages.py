@@ -109,9 +109,22 @@ def normalized_advantages(rewards: torch.Tensor, seg: torch.Tensor, num: int, ep
                           std: str = "population") -> torch.Tensor:
     """(R - mean_seg) / (std_seg + eps) for any segmentation; degenerate segments give 0."""
     count, _, sq, dev = segment_moments(rewards, seg, num)
-    denom = _std(count, sq, std)[seg] + eps
-    # With eps=0 a constant segment is 0/0: its deviation is exactly 0, so is its advantage.
-    return torch.where(denom > 0, dev / denom.clamp_min(torch.finfo(dev.dtype).tiny), torch.zeros_like(dev))
+    return _safe_divide(dev, _std(count, sq, std)[seg] + eps)
+
+
+def _safe_divide(dev: torch.Tensor, denom: torch.Tensor) -> torch.Tensor:
+    # With eps=0 a constant segment is 0/0: its deviation is exactly 0, and so is 0/tiny.
+    return dev / denom.clamp_min(torch.finfo(dev.dtype).tiny)
+
+
+def group_normalized_advantages(rewards: torch.Tensor, n_samples_per_prompt: int, eps: float,
+                                std: str = "population") -> torch.Tensor:
+    """GRPO's A_GN; prompt groups are contiguous, so a reshape replaces the segment reduction."""
+    x = rewards.view(-1, n_samples_per_prompt)
+    dev = x - x.mean(-1, keepdim=True)
+    sq = (dev * dev).sum(-1, keepdim=True)
+    count = torch.full_like(sq, n_samples_per_prompt)
+    return _safe_divide(dev, _std(count, sq, std) + eps).reshape(-1)
 
 
 def stratified_advantages(rewards: torch.Tensor, strata: torch.Tensor, n_samples_per_prompt: int,
@@ -127,10 +140,10 @@ def stratified_advantages(rewards: torch.Tensor, strata: torch.Tensor, n_samples
     if std not in STD_KINDS:
         raise ValueError(f"std must be one of {STD_KINDS}, got {std!r}")
     r = rewards.to(_work_dtype(rewards))
-    segs = make_segments(strata, n_samples_per_prompt)
-    a_gn = normalized_advantages(r, segs.group, segs.num_groups, eps, std)
+    a_gn = group_normalized_advantages(r, n_samples_per_prompt, eps, std)
     if alpha == 0:
         return a_gn
+    segs = make_segments(strata, n_samples_per_prompt)
     a_san = normalized_advantages(r, segs.cell, segs.num_cells, eps, std)
     return alpha * a_san + (1 - alpha) * a_gn
 

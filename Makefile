@@ -1,0 +1,42 @@
+# Two commands a new user needs:  `make demo` (the main job) and `make test`.
+# Both create .venv when it is missing and install everything (CPU only, no hub downloads).
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install system-deps test test-fast demo bench clean-venv
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0          # the CPU wheel on local disk, before anything pulls CUDA
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP) system-deps
+
+# bubblewrap isolates the local sandbox backend; installed when we are root, else we say how.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap \
+	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
+	  else echo "note: install bubblewrap (apt-get install bubblewrap) for the local sandbox backend"; fi; }
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m openrlhf_sgrpo.demo $(DEMO_ARGS)
+
+bench: install
+	$(PY) bench/advantage_speed.py
+
+clean-venv:
+	rm -rf $(VENV)
