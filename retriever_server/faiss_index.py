@@ -40,6 +40,11 @@ def _pq_subquantizers(dim: int) -> int:
     return 1
 
 
+def _pq_bits(n: int) -> int:
+    """8-bit codes need 256·39 training points; small corpora get fewer bits instead of bad codebooks."""
+    return max(4, min(8, int(math.log2(max(n // 39, 16)))))
+
+
 def make_index(index_type: str, dim: int, n_vectors: int, metric: str = "ip"):
     """An empty (untrained) index of ``index_type`` sized for ``n_vectors``."""
     faiss = _faiss()
@@ -56,7 +61,7 @@ def make_index(index_type: str, dim: int, n_vectors: int, metric: str = "ip"):
         return idx
     if index_type == "sq8":
         return faiss.index_factory(dim, "SQ8", mt)
-    return faiss.index_factory(dim, f"IVF{_ivf_lists(n_vectors)},PQ{_pq_subquantizers(dim)}", mt)
+    return faiss.index_factory(dim, f"IVF{_ivf_lists(n_vectors)},PQ{_pq_subquantizers(dim)}x{_pq_bits(n_vectors)}", mt)
 
 
 def build_from_chunks(index_type: str, dim: int, chunk_files: list[Path], n_vectors: int,
@@ -86,10 +91,24 @@ def write_index(index, path: str | Path) -> None:
 
 
 def read_index(path: str | Path, mmap: bool = False):
-    """Read an index; ``mmap`` maps flat codes / inverted lists so RSS does not grow with its size."""
+    """Read an index; ``mmap`` maps flat codes / inverted lists so RSS does not grow with its size.
+
+    FAISS has one mmap flag per storage kind (flat codes vs inverted lists) and rejects the wrong
+    one, so the kinds are tried in turn.
+    """
     faiss = _faiss()
-    flags = (faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY) if mmap else 0
-    index = faiss.read_index(str(path), flags)
+    if not mmap:
+        index = faiss.read_index(str(path))
+    else:
+        errors = []
+        for flag in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP):
+            try:
+                index = faiss.read_index(str(path), flag | faiss.IO_FLAG_READ_ONLY)
+                break
+            except RuntimeError as e:
+                errors.append(str(e).splitlines()[-1])
+        else:
+            raise RuntimeError(f"cannot memory-map {path}: {'; '.join(errors)}")
     tune(index)
     return index
 

@@ -41,16 +41,26 @@ class RunningServer:
         self._server = create_server(self.app, host=self.host, port=0, threads=self.threads)
         self.port = int(self._server.effective_port)
         self.url = f"http://{self.host}:{self.port}"
-        self._thread = threading.Thread(target=self._server.run, name="retriever-waitress", daemon=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="retriever-waitress", daemon=True)
         self._thread.start()
         return self
+
+    def _loop(self) -> None:
+        """waitress's event loop, polled so that stopping needs no cross-thread map surgery."""
+        from waitress import wasyncore
+
+        smap = self._server._map
+        while not self._stop.is_set():
+            wasyncore.loop(timeout=0.05, map=smap, count=1)
+        wasyncore.close_all(smap)
 
     def __exit__(self, *exc: object) -> None:
         from .app import EXTENSION
 
-        self._server.close()
+        self._stop.set()
+        self._thread.join(timeout=10)
         self._server.task_dispatcher.shutdown(timeout=5)
-        self._thread.join(timeout=5)
         self.app.extensions[EXTENSION].close()
 
 
