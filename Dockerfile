@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1
+# Two images from one file (docs/deploy.md):
+#   tools  slim CPU image for the tool services: retriever_server and sandbox
+#            docker build --target tools -t sgrpo-tools .
+#   train  CUDA PyTorch + openrlhf[vllm]==0.11.2 + this package, for every node of the Ray cluster
+#            docker build --target train -t sgrpo-train .
+# Offline builds (no registry, no PyPI; how CI builds `tools`): a local base image that has
+# python3 + venv (TOOLS_BASE), wheels in examples/docker/wheelhouse, PIP_OFFLINE=1, TOOLS_ENCODERS="".
+# `tools` comes first so that `--target tools` never needs the CUDA base.
+
+ARG TOOLS_BASE=python:3.11-slim
+ARG TRAIN_BASE=nvcr.io/nvidia/pytorch:25.02-py3
+
+FROM ${TOOLS_BASE} AS tools
+USER root
+ARG PIP_OFFLINE=0
+# Dense-retrieval encoders (pulls torch; the CPU wheel index keeps CUDA out of this image).
+# Empty: a web-search-only retriever (/search) plus the sandbox.
+ARG TOOLS_ENCODERS="sentence-transformers"
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin PYTHONPATH=/opt/sgrpo
+# bubblewrap: the sandbox's local backend (an offline base brings it from debootstrap).
+RUN if [ "$PIP_OFFLINE" != 1 ]; then apt-get update \
+      && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*; fi
+COPY examples/docker/requirements-tools.txt /tmp/requirements-tools.txt
+COPY examples/docker/wheelhouse/ /tmp/wheelhouse/
+RUN set -eu; \
+    if [ "$PIP_OFFLINE" = 1 ]; then src="--no-index --find-links /tmp/wheelhouse"; \
+    else src="--find-links /tmp/wheelhouse --extra-index-url $TORCH_INDEX"; fi; \
+    python3 -m venv /opt/venv; \
+    pip install $src -r /tmp/requirements-tools.txt; \
+    if [ -n "$TOOLS_ENCODERS" ]; then pip install $src $TOOLS_ENCODERS; fi; \
+    rm -rf /tmp/wheelhouse /tmp/requirements-tools.txt
+# Only the two services: they import nothing from the other parts (docs: DESIGN.md borders).
+COPY retriever_server/ /opt/sgrpo/retriever_server/
+COPY sandbox/ /opt/sgrpo/sandbox/
+RUN python3 -c "import retriever_server.serve, sandbox.serve" \
+ && mkdir -p /index /cache && chown 65534:65534 /cache
+WORKDIR /opt/sgrpo
+EXPOSE 8000 8080
+# The retriever runs as nobody; the sandbox service overrides the user in docker-compose.yml
+# (it needs the docker socket or, for the local backend, bubblewrap's privileges).
+USER 65534:65534
+CMD ["python3", "-m", "retriever_server.serve", "--index", "/index", "--host", "0.0.0.0", "--port", "8000", "--mmap"]
+
+FROM ${TRAIN_BASE} AS train
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# OpenRLHF with its vLLM extra, pinned as the project pins it; flash-attn comes with the
+# NGC PyTorch base's toolchain (OpenRLHF's own images use the same base).
+RUN pip install "openrlhf[vllm]==0.11.2"
+WORKDIR /opt/sgrpo
+COPY pyproject.toml README.md requirements.txt ./
+COPY openrlhf_sgrpo/ openrlhf_sgrpo/
+COPY agent_env/ agent_env/
+COPY retriever_server/ retriever_server/
+COPY sandbox/ sandbox/
+COPY examples/ examples/
+# --no-deps: OpenRLHF above brought the GPU stack; the project's metadata declares no deps.
+RUN pip install --no-deps -e . \
+ && python3 -c "import openrlhf_sgrpo.cli.flags, agent_env.openrlhf_agent"
+CMD ["bash"]
