@@ -125,12 +125,10 @@ def test_gaia_metadata(tmp_path, openrlhf_gpu_stubs, qwen2_tokenizer):
     assert proc.returncode == 0, proc.stderr
     rows = read_jsonl(out)
     assert [r["datasource"] for r in rows] == ["gaia_level1", "gaia_level2"]
-    assert rows[1]["answers"] == ["42"] and f"Attached file: {meta.parent / 't2.xlsx'}" in rows[1]["question"]
+    assert rows[1]["answers"] == ["42"] and f"Attached file: {(meta.parent / 't2.xlsx').resolve()}" in rows[1]["question"]
     assert "<code>" in rows[0]["prompt"] and rows[0]["prompt"].endswith("Question: How many legs does a spider have?\n")
     ds = load_with_openrlhf(out, qwen2_tokenizer, input_key="question")
     assert ds[0][1] == tasks[0]["Question"] and ds[0][2] == ["8"]
-    proc = prepare("gaia", "--metadata", str(meta), "--out", str(out), "--text-only")
-    assert proc.returncode == 0 and [r["id"] for r in read_jsonl(out)] == ["t1"]
 
 
 @pytest.mark.shared_data
@@ -146,7 +144,7 @@ def test_bad_rows_and_names_are_reported(tmp_path):
     bad.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n{"id": "2", "question": "q2"}\n')
     proc = prepare("qa", "--flashrag-dir", str(tmp_path / "flashrag"), "--out", str(tmp_path / "o"),
                    "--train", "", "--test", "bamboogle")
-    assert proc.returncode == 2 and f"{bad}:2: 'golden_answers' must be a non-empty list" in proc.stderr
+    assert proc.returncode == 2 and f"{bad}:2: missing ['golden_answers']" in proc.stderr
     assert not (tmp_path / "o" / "test.jsonl").exists()
     proc = prepare("qa", "--flashrag-dir", str(tmp_path), "--out", str(tmp_path / "o"), "--test", "nqq")
     assert proc.returncode == 2 and "unknown dataset(s) ['nqq']" in proc.stderr

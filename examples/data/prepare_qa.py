@@ -24,12 +24,14 @@ import argparse
 import json
 import random
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 from tqdm import tqdm
 
 from agent_env.templates import build_prompt
+from openrlhf_sgrpo.eval.gaia import load_gaia
+from openrlhf_sgrpo.local.data import DataError, Question, load_flashrag_jsonl
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 TRAIN_DATASETS = ("nq", "hotpotqa")
@@ -44,36 +46,10 @@ TEXT_TEMPLATES = ("search_r1_base", "deep_research", "none")
 INPUT_KEY, LABEL_KEY = "prompt", "answers"
 
 
-class DataError(ValueError):
-    """Bad or missing input data; the message names the file (and line)."""
-
-
-def read_flashrag(path: Path) -> Iterator[dict]:
-    """Rows ``{"id", "question", "golden_answers"}`` of one FlashRAG jsonl, validated."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist (expected the FlashRAG layout <dir>/<dataset>/<split>.jsonl)")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-            question, golds = row.get("question"), row.get("golden_answers")
-            if not isinstance(question, str) or not question.strip():
-                raise DataError(f"{path}:{lineno}: missing or empty 'question'")
-            if isinstance(golds, str):
-                golds = [golds]
-            if not isinstance(golds, list) or not golds or not all(isinstance(g, (str, int, float)) for g in golds):
-                raise DataError(f"{path}:{lineno}: 'golden_answers' must be a non-empty list of strings")
-            yield {"id": str(row.get("id", f"{path.stem}_{lineno}")), "question": question.strip(),
-                   "golden_answers": [str(g) for g in golds]}
-
-
-def to_prompt_row(row: dict, datasource: str, template: str) -> dict:
-    return {INPUT_KEY: build_prompt(template, row["question"]), LABEL_KEY: row["golden_answers"],
-            "datasource": datasource, "id": row["id"], "question": row["question"]}
+def to_prompt_row(q: Question, datasource: str, template: str) -> dict:
+    question = q.question.strip()
+    return {INPUT_KEY: build_prompt(template, question), LABEL_KEY: list(q.golds),
+            "datasource": datasource, "id": q.qid, "question": question}
 
 
 def write_jsonl(rows: Iterable[dict], path: Path) -> int:
@@ -96,16 +72,19 @@ class Source:
 
     def path(self, dataset: str, split: str) -> Path:
         if self.dir is not None:
-            return self.dir / dataset / f"{split}.jsonl"
+            path = self.dir / dataset / f"{split}.jsonl"
+            if not path.is_file():
+                raise DataError(f"{path} does not exist (expected the FlashRAG layout <dir>/<dataset>/<split>.jsonl)")
+            return path
         from huggingface_hub import hf_hub_download  # only when online
 
         return Path(hf_hub_download(HUB_REPO, f"{dataset}/{split}.jsonl", repo_type="dataset",
                                     cache_dir=str(self.hub_cache) if self.hub_cache else None))
 
     def rows(self, dataset: str, split: str, template: str) -> list[dict]:
-        path = self.path(dataset, split)
-        return [to_prompt_row(r, dataset, template)
-                for r in tqdm(read_flashrag(path), desc=f"{dataset}/{split}", unit=" q", leave=False)]
+        questions = load_flashrag_jsonl(self.path(dataset, split))
+        return [to_prompt_row(q, dataset, template)
+                for q in tqdm(questions, desc=f"{dataset}/{split}", unit=" q", leave=False)]
 
 
 def parse_split_overrides(items: list[str]) -> dict[str, str]:
@@ -141,32 +120,11 @@ def prepare_qa(a: argparse.Namespace) -> dict[str, int]:
     return counts
 
 
-def gaia_rows(metadata: Path, text_only: bool, template: str) -> Iterator[dict]:
-    """GAIA's metadata.jsonl (``task_id``, ``Question``, ``Level``, ``Final answer``,
-    ``file_name``) → prompt rows; attached files are named in the prompt (path relative to
-    the metadata file) so a code-capable agent can open them."""
-    if not metadata.is_file():
-        raise DataError(f"{metadata} does not exist")
-    with metadata.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{metadata}:{lineno}: not JSON ({exc.msg})") from None
-            missing = [k for k in ("task_id", "Question", "Final answer") if k not in row]
-            if missing:
-                raise DataError(f"{metadata}:{lineno}: missing GAIA keys {missing}")
-            attachment = row.get("file_name") or ""
-            if attachment and text_only:
-                continue
-            question = row["Question"].strip()
-            if attachment:
-                question += f"\nAttached file: {metadata.parent / attachment}"
-            yield {INPUT_KEY: build_prompt(template, question), LABEL_KEY: [str(row["Final answer"])],
-                   "datasource": f"gaia_level{row.get('Level', 'unknown')}", "id": row["task_id"],
-                   "question": question}
+def gaia_rows(metadata: Path, template: str) -> list[dict]:
+    """GAIA's metadata.jsonl → prompt rows, datasource ``gaia_level<N>`` (attached files are
+    named in the question by the shared GAIA reader)."""
+    questions, levels = load_gaia(metadata)
+    return [to_prompt_row(q, f"gaia_level{levels[q.qid]}", template) for q in questions]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     gaia = sub.add_parser("gaia", help="GAIA metadata.jsonl → one prompt jsonl (deep-research template)")
     gaia.add_argument("--metadata", type=Path, required=True)
     gaia.add_argument("--out", type=Path, required=True, help="output jsonl file")
-    gaia.add_argument("--text-only", action="store_true", help="drop tasks with an attached file")
     gaia.add_argument("--template", choices=TEXT_TEMPLATES, default="deep_research")
     return p
 
@@ -208,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "qa":
             counts = prepare_qa(a)
         else:
-            counts = {str(a.out): write_jsonl(gaia_rows(a.metadata, a.text_only, a.template), a.out)}
+            counts = {str(a.out): write_jsonl(gaia_rows(a.metadata, a.template), a.out)}
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
