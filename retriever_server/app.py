@@ -52,6 +52,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
     if retriever is None and config.index:
         retriever = Retriever(config.index, model=config.model, device=config.device, mmap=config.mmap,
                               fp16=config.fp16, max_length=config.max_length)
+        retriever.warmup(config.max_batch if config.batching else 1)
     web = web or SerperClient.from_env(cache_path=config.web_cache, retries=config.web_retries,
                                        backoff_s=config.web_backoff_s)
     state = ServerState(config, retriever, web)

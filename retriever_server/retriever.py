@@ -97,6 +97,13 @@ class Retriever:
         return [[Hit(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0]
                 for rr, ss in zip(np.asarray(rows), np.asarray(scores))]
 
+    def warmup(self, max_batch: int) -> None:
+        """Run the encoder at batch sizes 1, 2, 4, … so first requests do not pay kernel set-up."""
+        n = 1
+        while n <= max_batch:
+            self.search([f"warm up query {i}" for i in range(n)], 1)
+            n *= 2
+
     def documents(self, hits: Sequence[Hit]) -> list[dict[str, str]]:
         return self.docs.get_many([h.row for h in hits])
 
