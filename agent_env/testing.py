@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 
 def _words(text: str) -> list[str]:
@@ -151,18 +150,3 @@ class ScriptedEngine:
         out = self.completion_cls(0, self.tokenizer.decode(ids), ids, finish)
         return self.output_cls(list(prompt_token_ids), [out])
 
-
-def cached_tokenizer(slow_loader, cache_dir: Path):
-    """Load a tokenizer once with `slow_loader` (e.g. from GGUF) and reuse a save_pretrained copy.
-
-    Converting the Qwen2 GGUF vocab takes minutes on a busy 2-core machine; the saved
-    tokenizer.json loads in seconds.
-    """
-    from transformers import AutoTokenizer
-
-    target = Path(cache_dir)
-    if (target / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(str(target))
-    tok = slow_loader()
-    tok.save_pretrained(str(target))
-    return tok

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -99,10 +100,24 @@ def qwen2_vocab_dir() -> Path:
 
 
 def load_qwen2_tokenizer():
-    """The real Qwen2 tokenizer (151,936 entries, ChatML template)."""
+    """The real Qwen2 tokenizer (151,936 entries, ChatML template).
+
+    Converting the GGUF vocab takes 30 s to minutes on 2 busy cores, so the converted tokenizer
+    is saved once (``save_pretrained``) and later loads take seconds.
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(qwen2_vocab_dir()), gguf_file=QWEN2_VOCAB_GGUF)
+    saved = cache_dir() / "qwen2-tokenizer"
+    if (saved / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(str(saved))
+    tok = AutoTokenizer.from_pretrained(str(qwen2_vocab_dir()), gguf_file=QWEN2_VOCAB_GGUF)
+    tmp = saved.with_name(saved.name + f".part{os.getpid()}")
+    tok.save_pretrained(str(tmp))
+    try:
+        tmp.rename(saved)  # atomic publish; a concurrent writer may have won the race
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tok
 
 
 def tiny_qwen2(seed: int = 0, hidden: int = 64, layers: int = 2):

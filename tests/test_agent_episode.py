@@ -10,7 +10,7 @@ import pytest
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import MiniToolServer, ScriptedEngine, cached_tokenizer
+from agent_env.testing import MiniToolServer, ScriptedEngine
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
@@ -26,7 +26,7 @@ ANSWER = "<think>The documents say Paris.</think>\n<answer> Paris </answer>"
 
 @pytest.fixture(scope="module")
 def tok():
-    return cached_tokenizer(assets.load_qwen2_tokenizer, assets.cache_dir() / "qwen2-tokenizer-hf")
+    return assets.load_qwen2_tokenizer()
 
 
 @pytest.fixture()

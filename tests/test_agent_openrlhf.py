@@ -8,7 +8,6 @@ the way OpenRLHF's own tests do.
 import asyncio
 import sys
 import types
-from unittest import mock
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torch
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import MiniToolServer, cached_tokenizer
+from agent_env.testing import MiniToolServer
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
@@ -25,9 +24,7 @@ from openrlhf_sgrpo.local.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def tiny():
-    tok = cached_tokenizer(assets.load_qwen2_tokenizer, assets.cache_dir() / "qwen2-tokenizer-hf")
-    with mock.patch.object(assets, "load_qwen2_tokenizer", lambda: tok):
-        return assets.tiny_qwen2(seed=2)
+    return assets.tiny_qwen2(seed=2)
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ import pytest
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import ScriptedEngine, cached_tokenizer
+from agent_env.testing import ScriptedEngine
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
@@ -54,7 +54,7 @@ def sandbox_url():
 
 @pytest.fixture(scope="module")
 def tok():
-    return cached_tokenizer(assets.load_qwen2_tokenizer, assets.cache_dir() / "qwen2-tokenizer-hf")
+    return assets.load_qwen2_tokenizer()
 
 
 def run(cfg, tok, scripts, label):

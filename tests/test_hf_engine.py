@@ -1,12 +1,10 @@
 """The local HF generation engine against the real tiny Qwen2 (random weights, real tokenizer)."""
 
 import asyncio
-from unittest import mock
 
 import pytest
 import torch
 
-from agent_env.testing import cached_tokenizer
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
 from openrlhf_sgrpo.local.sampling import SamplingParams
@@ -14,9 +12,7 @@ from openrlhf_sgrpo.local.sampling import SamplingParams
 
 @pytest.fixture(scope="module")
 def tiny():
-    tok = cached_tokenizer(assets.load_qwen2_tokenizer, assets.cache_dir() / "qwen2-tokenizer-hf")
-    with mock.patch.object(assets, "load_qwen2_tokenizer", lambda: tok):
-        return assets.tiny_qwen2(seed=1)
+    return assets.tiny_qwen2(seed=1)
 
 
 PROMPTS = ["Question: what is the capital of France?", "Hi", "<think>one two three four five six</think>"]
