@@ -85,10 +85,7 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
             e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
         apply_length_penalties(experiences, args)
 
-        rewards = prompt_ordered(experiences, [e.rewards for e in experiences])
-        keys = parse_stratify_by(opts.stratify_by)
-        merged_info = {k: prompt_ordered(experiences, [_info_values(e, k) for e in experiences]) for k in keys}
-        strata = strata_from_info(merged_info, keys, cap=opts.strata_cap)
+        rewards, strata = ordered_rewards_and_strata(experiences, opts)
         advantages = compute_stratified(opts.estimator, rewards, strata, n, opts.alpha, opts.eps, opts.std)
 
         batch_metrics = stratification_metrics(rewards, strata, n, advantages, eps=opts.eps)
@@ -129,9 +126,20 @@ def group_monitors(experiences: list, args, opts) -> dict[str, float]:
     n = args.rollout.n_samples_per_prompt
     if n < 2:  # no prompt groups, nothing to decompose
         return {}
+    rewards, strata = ordered_rewards_and_strata(experiences, opts)
+    return stratification_metrics(rewards, strata, n, eps=opts.eps)
+
+
+def ordered_rewards_and_strata(experiences: list, opts) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards and stratum ids of the whole batch, in prompt order.
+
+    Strata are built from the merged batch (not per experience) so that signature keys use one
+    mixed radix for every sample.
+    """
+    keys = parse_stratify_by(opts.stratify_by)
     rewards = prompt_ordered(experiences, [e.rewards for e in experiences])
     merged_info = {k: prompt_ordered(experiences, [_info_values(e, k) for e in experiences]) for k in keys}
-    return stratification_metrics(rewards, strata_from_info(merged_info, keys, cap=opts.strata_cap), n, eps=opts.eps)
+    return rewards, strata_from_info(merged_info, keys, cap=opts.strata_cap)
 
 
 def _info_values(experience, key: str) -> torch.Tensor:
