@@ -63,6 +63,11 @@ class TimedTool:
         return timed
 
 
+def _unwrap(client):
+    """The tool client itself, if an earlier rollout on the same ToolSet already wrapped it."""
+    return client._client if isinstance(client, TimedTool) else client
+
+
 @dataclass
 class RolloutResult:
     samples: list[Sample]  # prompt-contiguous: n per prompt
@@ -84,10 +89,9 @@ class AgentRollout:
         self.recorder = IntervalRecorder()
         self.engine = TimedEngine(engine, self.recorder, max_tokens_per_turn)
         self.executor = AgentExecutor(agent_config)
-        tools = get_toolset(agent_config)
-        if not isinstance(tools.search, TimedTool):
-            tools.search = TimedTool(tools.search, "search", "search", self.recorder)
-            tools.sandbox = TimedTool(tools.sandbox, "code", "run", self.recorder)
+        tools = get_toolset(agent_config)  # the process-wide ToolSet the executor will use
+        tools.search = TimedTool(_unwrap(tools.search), "search", "search", self.recorder)
+        tools.sandbox = TimedTool(_unwrap(tools.sandbox), "code", "run", self.recorder)
         self.tools = tools
         self.loop = asyncio.new_event_loop()
 

