@@ -31,6 +31,9 @@ class AgentConfig:
     max_turns: int = 4
     topk: int = 3
     max_obs_tokens: int = 500
+    # Search-R1 caps every assistant turn (max_response_length=500); OpenRLHF's executor would
+    # otherwise give each turn all of the remaining context. None = no per-turn cap.
+    max_tokens_per_turn: int | None = None
     template: str = "search_r1_base"
     reward: str = "em"
     format_reward: bool = False
@@ -54,6 +57,8 @@ class AgentConfig:
         for name in ("max_turns", "topk", "max_obs_tokens", "max_batch", "max_connections"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_tokens_per_turn is not None and int(self.max_tokens_per_turn) < 1:
+            raise ConfigError(f"max_tokens_per_turn must be >= 1 or null, got {self.max_tokens_per_turn!r}")
         if self.retries < 0:
             raise ConfigError(f"retries must be >= 0, got {self.retries!r}")
 

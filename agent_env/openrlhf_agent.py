@@ -63,6 +63,26 @@ def with_agent_stops(sampling_params):
     return params
 
 
+class TurnCappedEngine:
+    """Wraps the generation engine so no single turn exceeds ``max_tokens_per_turn``.
+
+    MultiTurnAgentExecutor resets ``max_tokens`` to the whole remaining context before every
+    turn and passes a deepcopy to ``generate``, so clamping that copy here is the one place a
+    per-turn budget (Search-R1's 500 tokens) can hold.
+    """
+
+    def __init__(self, engine, cap: int | None):
+        self.engine, self.cap = engine, cap
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        if self.cap is not None and (sampling_params.max_tokens is None or sampling_params.max_tokens > self.cap):
+            sampling_params.max_tokens = self.cap
+        return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
+
+    def __getattr__(self, name):  # anything else the executor or vLLM may ask of the engine
+        return getattr(self.engine, name)
+
+
 class AgentInstance(AgentInstanceBase):
     """One trajectory: renders the prompt template, then runs an Episode turn by turn."""
 
@@ -101,8 +121,9 @@ class AgentExecutor(MultiTurnAgentExecutor):
         ctx = AgentContext(self.config, hf_tokenizer, get_toolset(self.config))
         token = _CONTEXT.set(ctx)
         try:
+            engine = TurnCappedEngine(llm_engine, self.config.max_tokens_per_turn)
             result = await super().execute(prompt, label, with_agent_stops(sampling_params), max_length,
-                                           hf_tokenizer, llm_engine, images)
+                                           hf_tokenizer, engine, images)
         finally:
             _CONTEXT.reset(token)
         meta = dict(result.get("extra_logs") or K.empty_metadata(self.config.max_turns, self.config.topk))

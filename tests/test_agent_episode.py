@@ -158,3 +158,14 @@ def test_format_reward_and_budget_exhaustion_keep_all_keys(server, tok):
     (short,) = run_episodes(cfg, tok, [["<think>hm</think><search>" + "capital " * 300]], max_length=150)
     assert short["truncated"] and set(short["extra_logs"]) == set(good["extra_logs"])
     assert short["extra_logs"][K.INVALID_ACTIONS] == 1
+
+
+def test_max_tokens_per_turn_caps_every_turn_not_only_the_first(server, tok):
+    """OpenRLHF resets max_tokens to the remaining context each turn; the agent's cap holds."""
+    long_search = "<think>" + "let me think about this " * 40 + "</think>\n<search> capital of France </search>"
+    cap = 24
+    capped = run_episodes(make_cfg(server, max_tokens_per_turn=cap), tok, [[long_search, long_search, ANSWER]])[0]
+    assert all(e - s <= cap for s, e in capped["action_ranges"]) and len(capped["action_ranges"]) >= 2
+    # the scripted engine cuts at max_tokens, so an uncapped run keeps the long first turn whole
+    free = run_episodes(make_cfg(server), tok, [[long_search, ANSWER]])[0]
+    assert free["action_ranges"][0][1] - free["action_ranges"][0][0] > cap

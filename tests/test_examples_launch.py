@@ -96,7 +96,7 @@ def assert_paper_settings(cfg: dict) -> None:
 
 def assert_search_r1_agent(run: DryRun, retriever_url: str) -> None:
     agent = run.agent_config
-    assert (agent.max_turns, agent.topk, agent.max_obs_tokens) == (4, 3, 500)
+    assert (agent.max_turns, agent.topk, agent.max_obs_tokens, agent.max_tokens_per_turn) == (4, 3, 500, 500)
     assert agent.retriever_url == retriever_url and agent.search_backend == "local"
     assert agent.template == "none" and agent.reward == "em"
 
@@ -180,6 +180,7 @@ def test_deep_research_settings(dry_runs):
     assert cfg["data"]["max_len"] == 16384 and cfg["vllm"]["tensor_parallel_size"] == 2
     agent = run.agent_config
     assert agent.max_turns == 10 and agent.search_backend == "web" and agent.template == "deep_research"
+    assert agent.max_tokens_per_turn == 4096
     assert agent.sandbox_url == "http://sandbox:8080/run_code" and agent.allowed_actions == ("search", "code", "answer")
 
 

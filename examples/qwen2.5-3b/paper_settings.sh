@@ -61,7 +61,8 @@ launch_paper_run() {
 
   export SGRPO_AGENT_CONFIG="$SAVE_PATH/agent_config.yaml"
   render_agent_config "$EXAMPLES_DIR/configs/search_r1_base.yaml" "$SGRPO_AGENT_CONFIG" \
-    "retriever_url=$RETRIEVER_URL" "max_turns=$MAX_TURNS" "topk=$TOPK" "max_obs_tokens=$TOKENS_PER_OBS"
+    "retriever_url=$RETRIEVER_URL" "max_turns=$MAX_TURNS" "topk=$TOPK" "max_obs_tokens=$TOKENS_PER_OBS" \
+    "max_tokens_per_turn=$TOKENS_PER_TURN"
   wait_for_health "$(health_url "$RETRIEVER_URL")"
 
   local gpus=$((NUM_NODES * GPUS_PER_NODE))

@@ -35,7 +35,8 @@ fi
 
 export SGRPO_AGENT_CONFIG="$SAVE_PATH/agent_config.yaml"
 render_agent_config "$EXAMPLES_DIR/configs/deep_research.yaml" "$SGRPO_AGENT_CONFIG" \
-  "sandbox_url=$SANDBOX_URL" "max_turns=$MAX_TURNS" "max_obs_tokens=$TOKENS_PER_OBS"
+  "sandbox_url=$SANDBOX_URL" "max_turns=$MAX_TURNS" "max_obs_tokens=$TOKENS_PER_OBS" \
+  "max_tokens_per_turn=$TOKENS_PER_TURN"
 wait_for_health "$(health_url "$SANDBOX_URL")"
 
 gpus=$((NUM_NODES * GPUS_PER_NODE))
