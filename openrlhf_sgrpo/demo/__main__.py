@@ -6,8 +6,10 @@ Stages (each shows progress):
   2. index    MiniLM over the evidence pages + distractors (cached in the asset cache);
   3. serve    retriever and sandbox on loopback; load the policy (SmolLM2-135M-Instruct);
   4. eval     held-out, greedy, before training;
-  5. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
-  6. eval     held-out again; print the table, write ``report.png`` and ``metrics.jsonl``.
+  5. warm-up  a few supervised steps on the action format (train questions): SmolLM2-135M
+              answers in prose and never writes the tags on its own (see local/warmup.py);
+  6. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
+  7. eval     held-out again; print the table, write ``report.png`` and ``metrics.jsonl``.
 Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
 """
 
@@ -21,6 +23,8 @@ import time
 from pathlib import Path
 
 log = logging.getLogger("openrlhf_sgrpo.demo")
+STAGES = 7
+TEMPLATE = "search_r1_chat"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +39,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--index", default=None, help="an existing retriever index folder")
     p.add_argument("--distractors", type=int, default=1200, help="non-evidence extracts in the FanOutQA corpus")
     p.add_argument("--heldout", type=int, default=None, help="held-out questions (default 24; smoke 4)")
+    p.add_argument("--max-questions", type=int, default=None,
+                   help="use only the first N FanOutQA sub-questions (answer-in-extract first; smoke 24)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 4; smoke 2)")
+    p.add_argument("--warmup-steps", type=int, default=10,
+                   help="supervised steps on the action format before RL (0: none; see local/warmup.py)")
+    p.add_argument("--warmup-lr", type=float, default=2e-4)
+    p.add_argument("--warmup-batch", type=int, default=4)
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=2)
@@ -60,9 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.heldout = args.heldout or (4 if smoke else 24)
     args.steps = args.steps or (2 if smoke else 4)
     if smoke:
+        args.max_questions = args.max_questions or 24
+        args.warmup_steps, args.warmup_lr = min(args.warmup_steps, 40), 1e-2
         args.distractors = min(args.distractors, 20)
         args.max_tokens_per_turn = min(args.max_tokens_per_turn, 16)
         args.max_len = min(args.max_len, 384)
+    if args.max_questions is not None and args.max_questions <= args.heldout:
+        p.error(f"--max-questions ({args.max_questions}) must exceed --heldout ({args.heldout})")
     for name in ("heldout", "steps", "prompts_per_step", "micro_batch_size", "max_turns", "max_len",
                  "max_tokens_per_turn", "concurrency"):
         if getattr(args, name) < 1:
@@ -78,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _stage(k: int, name: str, t0: float) -> None:
-    print(f"\n== [{k}/6] {name}  (t = {time.monotonic() - t0:5.1f} s)", flush=True)
+    print(f"\n== [{k}/{STAGES}] {name}  (t = {time.monotonic() - t0:5.1f} s)", flush=True)
 
 
 def _questions(args):
@@ -94,7 +108,7 @@ def _questions(args):
             raise ValueError(f"--data has {len(qs)} questions, not more than --heldout {args.heldout}")
         return qs[args.heldout:], qs[: args.heldout], args.corpus, args.index
     extracts = load_extracts(assets.wiki_extracts_json())
-    subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)
+    subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)[: args.max_questions]
     train, held = split(subs, args.heldout, seed=args.seed)
     inside = sum(s.answer_in_extract for s in subs)
     print(f"FanOutQA dev: {len(subs)} sub-questions with their evidence page in the extracts "
@@ -110,6 +124,27 @@ def _index(corpus, index):
     if index:
         return Path(index)
     return ensure_index(corpus, index_dir_for(Path(corpus)))
+
+
+def _warmup(args, model, tok, train, out: Path, logger) -> None:
+    """Cold start on the action format, once per run (a checkpoint's weights already have it)."""
+    from agent_env.templates import build_prompt
+    from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
+    from openrlhf_sgrpo.local.models import TINY_QWEN2
+    from openrlhf_sgrpo.local.warmup import action_format_pairs, format_warmup
+
+    if args.warmup_steps == 0 or latest_checkpoint(out / "checkpoints") is not None:
+        print("skipped" if args.warmup_steps == 0 else "skipped: resuming from a checkpoint that includes it")
+        return
+    if args.model == TINY_QWEN2:
+        pairs = action_format_pairs(train[:64])
+    else:
+        pairs = action_format_pairs(train[:64], prompt_fn=lambda q: build_prompt(TEMPLATE, q, tok),
+                                    query_fn=lambda q: q)
+    loss = format_warmup(model, tok, train, steps=args.warmup_steps, lr=args.warmup_lr, pairs=pairs,
+                         batch_size=args.warmup_batch,
+                         seed=args.seed, progress=True)
+    logger.log(0, {"steps": args.warmup_steps, "final_loss": loss, "pairs": len(pairs)}, phase="warmup")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -145,8 +180,8 @@ def run(args: argparse.Namespace) -> dict:
     with local_services(index) as urls:
         print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
         agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,
-                                template="search_r1_chat", max_turns=args.max_turns, topk=3,
-                                max_obs_tokens=args.max_obs_tokens, reward="em")
+                                template="none" if args.model == "tiny-qwen2" else TEMPLATE, max_turns=args.max_turns, topk=3,
+                                max_obs_tokens=args.max_obs_tokens, reward="em", format_reward=True)
         engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
                                     seed=args.seed)
         rollout = AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
@@ -155,7 +190,9 @@ def run(args: argparse.Namespace) -> dict:
             _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0)
             before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency))
             logger.log(0, before, phase="eval_before")
-            _stage(5, f"train {args.steps} steps of {args.estimator}", t0)
+            _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0)
+            _warmup(args, model, tok, train, out, logger)
+            _stage(6, f"train {args.steps} steps of {args.estimator}", t0)
             tcfg = TrainConfig(
                 steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
                 micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed,
@@ -166,7 +203,7 @@ def run(args: argparse.Namespace) -> dict:
             if args.resume and trainer.resume():
                 print(f"resumed at step {trainer.step}")
             trainer.train()
-            _stage(6, "evaluate held-out after training", t0)
+            _stage(7, "evaluate held-out after training", t0)
             after = summarize(evaluate(rollout, "after", held, out / "eval_predictions.jsonl", args.concurrency))
             logger.log(args.steps, after, phase="eval_after")
         finally:

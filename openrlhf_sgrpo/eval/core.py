@@ -68,7 +68,7 @@ def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], pre
         for lo in range(0, len(todo), concurrency):
             chunk = todo[lo: lo + concurrency]
             result = rollout.run([q.question for q in chunk], [q.golds for q in chunk], n=1, greedy=True,
-                                 desc=f"{dataset} {lo + len(chunk)}/{len(todo)}", progress=False)
+                                 desc=f"  {dataset} questions {lo + 1}-{lo + len(chunk)}", progress=progress)
             with open(predictions, "a", encoding="utf-8") as f:
                 for q, s in zip(chunk, result.samples):
                     f.write(json.dumps(record_of(dataset, q, s, rollout.tokenizer)) + "\n")

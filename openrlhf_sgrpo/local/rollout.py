@@ -114,7 +114,7 @@ class AgentRollout:
     async def _run_all(self, prompts, golds, n, greedy, desc, progress) -> list[dict]:
         jobs = [(p, label_of(g)) for p, g in zip(prompts, golds) for _ in range(n)]
         bar = tqdm(total=len(jobs), desc=desc, unit="traj", disable=not progress, dynamic_ncols=True)
-        stats = {"reward": 0.0, "em": 0.0, "tools": 0.0}
+        stats = {"done": 0, "reward": 0.0, "em": 0.0, "tools": 0.0}
 
         async def one(prompt: str, label: str) -> dict:
             out = await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer,
@@ -123,8 +123,9 @@ class AgentRollout:
             stats["reward"] += float(out.get("reward") or 0.0)
             stats["em"] += float(logs.get(K.EM, 0.0))
             stats["tools"] += float(logs.get(K.TOOL_CALLS, 0.0))
+            stats["done"] += 1
+            done = stats["done"]
             bar.update(1)
-            done = bar.n
             bar.set_postfix(reward=f"{stats['reward'] / done:.2f}", em=f"{stats['em'] / done:.2f}",
                             tools=f"{stats['tools'] / done:.2f}", refresh=False)
             return out

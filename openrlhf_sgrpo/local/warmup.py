@@ -2,26 +2,36 @@
 
 A random tiny model never writes ``<search>...</search>``, so every trajectory has zero tool
 calls and zero reward and RL has nothing to work with. Tests and benchmarks that use the tiny
-Qwen2 first fit it briefly on ``question <search> word </search>`` and
-``question <answer> gold </answer>`` strings (loss on the action only); sampling then yields a real mix of searches and
-answers (several strata per prompt). Real policies (SmolLM2, Qwen2.5) do not need this.
+Qwen2 first fit it briefly on ``question <search> word </search>`` and ``question <answer>
+gold </answer>`` strings (loss on the action only); sampling then yields a real mix of
+searches and answers (several strata per prompt). The demo does the same "cold start" for
+SmolLM2-135M-Instruct, which answers in prose and never uses the tags on its own (R1-style
+pipelines also fine-tune on the format before RL).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from openrlhf_sgrpo.local.data import Question
 
 
-def action_format_pairs(questions: list[Question]) -> list[tuple[str, str]]:
-    """(question, action) pairs: a search for the question's last word, or the gold answer."""
+def last_word(question: str) -> str:
+    return question.split()[-1]
+
+
+def action_format_pairs(questions: list[Question], prompt_fn: Callable[[str], str] = str,
+                        query_fn: Callable[[str], str] = last_word) -> list[tuple[str, str]]:
+    """(prompt, action) pairs per question: one ``<search>`` action and one ``<answer>`` with the gold."""
     pairs = []
     for q in questions:
-        pairs.append((q.question, f" <search> {q.question.split()[-1]} </search>"))
-        pairs.append((q.question, f" <answer> {q.golds[0]} </answer>"))
+        prompt = prompt_fn(q.question)
+        pairs.append((prompt, f"<search> {query_fn(q.question)} </search>"))
+        pairs.append((prompt, f"<answer> {q.golds[0]} </answer>"))
     return pairs
 
 
@@ -42,21 +52,27 @@ def _batch(tokenizer, pairs: list[tuple[str, str]], pad_id: int) -> tuple[torch.
 
 
 def format_warmup(model, tokenizer, questions: list[Question], steps: int = 60, lr: float = 1e-2,
-                  batch_size: int = 8, seed: int = 0) -> float:
-    """Fit the action format (loss on the action tokens only); returns the last loss."""
-    if not questions:
+                  batch_size: int = 8, seed: int = 0, pairs: list[tuple[str, str]] | None = None,
+                  progress: bool = False) -> float:
+    """Fit the action format (loss on the action tokens only); returns the last loss.
+
+    ``pairs`` overrides the default (question, action) pairs, e.g. with chat-rendered prompts.
+    """
+    pairs = pairs if pairs is not None else action_format_pairs(questions)
+    if not pairs:
         raise ValueError("format_warmup needs at least one question")
     rng = random.Random(seed)
-    pairs = action_format_pairs(questions)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    bar = tqdm(range(steps), desc="format warm-up", unit="step", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
         ids, mask, labels = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
     model.eval()
     return float(loss.detach())

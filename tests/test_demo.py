@@ -1,0 +1,49 @@
+"""The demo's ``--smoke`` mode end to end (tiny Qwen2, real index/retriever/sandbox, 2 steps), its
+resume, and its argument errors. The full demo is not run here (about 15 minutes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from openrlhf_sgrpo.demo.__main__ import main, parse_args
+from openrlhf_sgrpo.local.metrics_log import read_metrics
+
+
+@pytest.mark.slow
+def test_smoke_demo_writes_report_and_resumes(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--smoke", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for stage in range(1, 8):
+        assert f"[{stage}/7]" in text
+    assert "held-out metric" in text and "search calls / question" in text and "strata/prompt" in text
+    assert (out / "report.png").stat().st_size > 10_000
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2]
+    assert len(read_metrics(out / "metrics.jsonl", "eval_before")) == 1
+    preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
+    assert sorted({p["dataset"] for p in preds}) == ["after", "before"] and len(preds) == 8
+
+    assert main(["--smoke", "--out", str(out), "--resume", "--steps", "3"]) == 0
+    assert "resumed at step 2" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n-samples", "1"], "--n-samples must be >= 2"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--resume"], "--resume needs --out"),
+    (["--data", "x.jsonl"], "--data needs the corpus"),
+    (["--heldout", "10", "--max-questions", "5"], "must exceed --heldout"),
+])
+def test_bad_flags_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_existing_run_folder_needs_resume(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert main(["--smoke", "--out", str(tmp_path)]) == 2
+    assert "pass --resume" in capsys.readouterr().err
