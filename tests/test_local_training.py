@@ -62,7 +62,8 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
         rollout.close()
     assert [r["step"] for r in records] == [1, 2]
     changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
-    assert changed, "two RL steps left every weight unchanged"
+    rewards = [(r["reward"], r["reward_std"]) for r in records]
+    assert changed, f"two RL steps left every weight unchanged (reward mean/std per step: {rewards})"
     rows = read_metrics(tmp_path / "metrics.jsonl", "train")
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:

@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     smoke = args.smoke
     args.model = args.model or ("tiny-qwen2" if smoke else "smollm2")
-    args.heldout = args.heldout or (4 if smoke else 24)
-    args.steps = args.steps or (2 if smoke else 4)
+    args.heldout = (4 if smoke else 24) if args.heldout is None else args.heldout
+    args.steps = (2 if smoke else 4) if args.steps is None else args.steps
     if smoke:
         args.max_questions = args.max_questions or 24
         args.warmup_steps, args.warmup_lr = min(args.warmup_steps, 40), 1e-2
@@ -140,7 +140,7 @@ def _warmup(args, model, tok, train, out: Path, logger) -> None:
         pairs = action_format_pairs(train[:64])
     else:
         pairs = action_format_pairs(train[:64], prompt_fn=lambda q: build_prompt(TEMPLATE, q, tok),
-                                    query_fn=lambda q: q)
+                                    query_fn=lambda q: q, sep="")
     loss = format_warmup(model, tok, train, steps=args.warmup_steps, lr=args.warmup_lr, pairs=pairs,
                          batch_size=args.warmup_batch,
                          seed=args.seed, progress=True)

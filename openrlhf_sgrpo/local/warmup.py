@@ -25,13 +25,16 @@ def last_word(question: str) -> str:
 
 
 def action_format_pairs(questions: list[Question], prompt_fn: Callable[[str], str] = str,
-                        query_fn: Callable[[str], str] = last_word) -> list[tuple[str, str]]:
-    """(prompt, action) pairs per question: one ``<search>`` action and one ``<answer>`` with the gold."""
+                        query_fn: Callable[[str], str] = last_word, sep: str = " ") -> list[tuple[str, str]]:
+    """(prompt, action) pairs per question: one ``<search>`` action and one ``<answer>`` with the gold.
+
+    ``sep`` goes between prompt and action (" " after a bare question, "" after a chat prompt).
+    """
     pairs = []
     for q in questions:
         prompt = prompt_fn(q.question)
-        pairs.append((prompt, f"<search> {query_fn(q.question)} </search>"))
-        pairs.append((prompt, f"<answer> {q.golds[0]} </answer>"))
+        pairs.append((prompt, f"{sep}<search> {query_fn(q.question)} </search>"))
+        pairs.append((prompt, f"{sep}<answer> {q.golds[0]} </answer>"))
     return pairs
 
 
