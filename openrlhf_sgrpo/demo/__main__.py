@@ -117,12 +117,14 @@ def _questions(args):
     return [s.as_question() for s in train], [s.as_question() for s in held], corpus, args.index
 
 
-def _index(corpus, index):
+def _index(args, corpus, index):
     from openrlhf_sgrpo.demo.corpus import index_dir_for
-    from openrlhf_sgrpo.local.services import ensure_index
+    from openrlhf_sgrpo.local.services import cached_index_for, ensure_index
 
     if index:
         return Path(index)
+    if args.data:  # a user's corpus: indexed in the cache, never beside the data
+        return cached_index_for(corpus)
     return ensure_index(corpus, index_dir_for(Path(corpus)))
 
 
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
     _stage(1, "data", t0)
     train, held, corpus, index = _questions(args)
     _stage(2, "retriever index", t0)
-    index = _index(corpus, index)
+    index = _index(args, corpus, index)
     _stage(3, f"services + policy ({args.model})", t0)
     model, tok = load_policy(args.model, args.device)
     print(f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")

@@ -73,14 +73,9 @@ def datasets_from_args(args: argparse.Namespace) -> dict[str, list[Question]]:
 
 @contextlib.contextmanager
 def _services(args: argparse.Namespace, need_sandbox: bool):
-    from openrlhf_sgrpo.assets import cache_dir
-    from openrlhf_sgrpo.local.services import ServiceUrls, ensure_index, local_services
+    from openrlhf_sgrpo.local.services import ServiceUrls, cached_index_for, local_services
 
-    index = args.index
-    if args.corpus:
-        from retriever_server.corpora import file_sha256
-
-        index = ensure_index(args.corpus, cache_dir() / "indexes" / file_sha256(args.corpus)[:16])
+    index = cached_index_for(args.corpus, progress=not args.quiet) if args.corpus else args.index
     start_sandbox = need_sandbox and not args.sandbox_url and not args.no_sandbox
     with local_services(index, sandbox=start_sandbox, topk=args.topk) as urls:
         yield ServiceUrls(args.retriever_url or urls.retriever_url, args.sandbox_url or urls.sandbox_url)

@@ -38,6 +38,15 @@ def ensure_index(corpus_jsonl: str | Path, index_dir: str | Path, model: str | P
     return result.out_dir
 
 
+def cached_index_for(corpus_jsonl: str | Path, progress: bool = True) -> Path:
+    """Index a user's corpus once, in the asset cache keyed by the corpus' content (never beside it)."""
+    from retriever_server.corpora import file_sha256
+
+    from openrlhf_sgrpo.assets import cache_dir
+
+    return ensure_index(corpus_jsonl, cache_dir() / "indexes" / file_sha256(corpus_jsonl)[:16], progress=progress)
+
+
 @contextlib.contextmanager
 def local_services(index_dir: str | Path | None, sandbox: bool = True, sandbox_concurrency: int = 4,
                    topk: int = 3) -> Iterator[ServiceUrls]:
