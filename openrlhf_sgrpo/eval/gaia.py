@@ -7,10 +7,9 @@ the agent can open it from a ``<code>`` block. Questions are never stored in thi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from openrlhf_sgrpo.local.data import DataError, Question
+from openrlhf_sgrpo.local.data import Question, iter_jsonl_rows
 
 GAIA_KEYS = ("task_id", "Question", "Level", "Final answer")
 
@@ -18,19 +17,8 @@ GAIA_KEYS = ("task_id", "Question", "Level", "Final answer")
 def load_gaia(metadata: str | Path) -> tuple[list[Question], dict[str, str]]:
     """(questions, level by task id) from a GAIA ``metadata.jsonl``."""
     path = Path(metadata)
-    if not path.is_file():
-        raise DataError(f"GAIA metadata file not found: {path}")
     questions, levels = [], {}
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{line_no}: not JSON ({err.msg})") from None
-        missing = [k for k in GAIA_KEYS if k not in row]
-        if missing:
-            raise DataError(f"{path}:{line_no}: missing GAIA fields {missing}")
+    for _, row in iter_jsonl_rows(path, GAIA_KEYS, "GAIA metadata", f"GAIA fields: {', '.join(GAIA_KEYS)}"):
         text = str(row["Question"])
         if row.get("file_name"):
             text += f"\nAttached file: {(path.parent / row['file_name']).resolve()}"

@@ -7,6 +7,7 @@ A bad line is reported with its file and line number instead of a KeyError deep 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,26 +23,36 @@ class DataError(ValueError):
     """A dataset file is missing or malformed; the message names the file and line."""
 
 
-def load_flashrag_jsonl(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Questions from a FlashRAG jsonl file (``limit``: the first N lines)."""
+def iter_jsonl_rows(path: str | Path, required: tuple[str, ...], what: str, hint: str) -> Iterator[tuple[int, dict]]:
+    """(line number, row) for every non-blank line; a missing file (``what`` names it), a
+    non-JSON line or a row without the ``required`` keys (``hint`` says which) raises DataError
+    naming the file and the line."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"dataset file not found: {path}")
-    out: list[Question] = []
+        raise DataError(f"{what} file not found: {path}")
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
-            if limit is not None and len(out) >= limit:
-                break
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{line_no}: not JSON ({err.msg})") from None
-            missing = [k for k in ("question", "golden_answers") if k not in row]
+            missing = [k for k in required if k not in row]
             if missing:
-                raise DataError(f"{path}:{line_no}: missing {missing} (FlashRAG rows need id, question, golden_answers)")
-            golds = row["golden_answers"]
-            golds = [str(g) for g in golds] if isinstance(golds, list) else [str(golds)]
-            out.append(Question(str(row.get("id", f"{path.stem}-{line_no}")), str(row["question"]), golds))
+                raise DataError(f"{path}:{line_no}: missing {missing} ({hint})")
+            yield line_no, row
+
+
+def load_flashrag_jsonl(path: str | Path, limit: int | None = None) -> list[Question]:
+    """Questions from a FlashRAG jsonl file (``limit``: the first N lines)."""
+    path = Path(path)
+    out: list[Question] = []
+    for line_no, row in iter_jsonl_rows(path, ("question", "golden_answers"), "dataset",
+                                        "FlashRAG rows need id, question, golden_answers"):
+        if limit is not None and len(out) >= limit:
+            break
+        golds = row["golden_answers"]
+        golds = [str(g) for g in golds] if isinstance(golds, list) else [str(golds)]
+        out.append(Question(str(row.get("id", f"{path.stem}-{line_no}")), str(row["question"]), golds))
     return out
