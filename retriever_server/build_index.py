@@ -162,20 +162,27 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
         raise BuildError(f"corpus {corpus_path} holds no passages")
     index = build_from_chunks(index_type, enc.dim, files, count)
     write_index(index, out / INDEX_FILE)
-    meta = {
-        **state, "version": __version__, "index_type": index_type, "dim": enc.dim, "count": count,
-        "metric": prof.metric, "query_prefix": prof.query_prefix, "passage_prefix": prof.passage_prefix,
-        "pooling": prof.pooling, "normalize": prof.normalize, "corpus_path": str(corpus_path.resolve()),
-        "docstore_bytes": (out / DOCS_FILE).stat().st_size, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    (out / (META_FILE + ".part")).write_text(json.dumps(meta, indent=1))
-    (out / (META_FILE + ".part")).replace(out / META_FILE)
+    meta = write_meta(out, state, prof, index_type, enc.dim, count, corpus_path)
     if not keep_chunks:
         shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)
     secs = time.perf_counter() - t0
     log.info("built %s index of %d × %d in %.1fs (%d passages encoded this run)",
              index_type, count, enc.dim, secs, encoded)
     return BuildResult(out, count, enc.dim, secs, encoded, meta)
+
+
+def write_meta(out: Path, state: dict[str, Any], prof: Profile, index_type: str, dim: int, count: int,
+               corpus_path: Path) -> dict[str, Any]:
+    """Write ``meta.json`` last and atomically: its presence means the index folder is complete."""
+    meta = {
+        **state, "version": __version__, "index_type": index_type, "dim": dim, "count": count,
+        "metric": prof.metric, "query_prefix": prof.query_prefix, "passage_prefix": prof.passage_prefix,
+        "pooling": prof.pooling, "normalize": prof.normalize, "corpus_path": str(corpus_path.resolve()),
+        "docstore_bytes": (out / DOCS_FILE).stat().st_size, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    (out / (META_FILE + ".part")).write_text(json.dumps(meta, indent=1))
+    (out / (META_FILE + ".part")).replace(out / META_FILE)
+    return meta
 
 
 def _bool_flag(v: str) -> bool:

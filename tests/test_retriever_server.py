@@ -247,3 +247,27 @@ def test_serve_cli_port0_subprocess(wiki_index):
     assert srv.port > 0 and h["index_size"] > 0
     assert title_of(r.json()["result"][0][0]) == "Mount Everest"
     assert srv.proc.returncode is not None  # stopped
+
+
+def test_import_prebuilt_faiss_index_serves_the_same_results(wiki_index, wiki_corpus, minilm, retriever, tmp_path):
+    """A bare FAISS file plus its corpus (how Search-R1 ships wiki-18's e5_Flat.index) becomes a
+    servable folder without re-encoding, and answers exactly like the index it came from."""
+    from retriever_server.build_index import BuildError
+    from retriever_server.import_index import import_index, main as import_main
+
+    prebuilt = tmp_path / "e5_Flat.index"
+    shutil.copyfile(wiki_index / "index.faiss", prebuilt)
+    meta = import_index(prebuilt, wiki_corpus, tmp_path / "imported", model=minilm_path(), progress=False)
+    assert meta["index_type"] == "imported:IndexFlatIP" and meta["count"] == sum(1 for _ in open(wiki_corpus))
+    imported = Retriever(tmp_path / "imported", encoder=minilm)
+    questions = list(QUESTIONS)
+    got, want = imported.search(questions, 3), retriever.search(questions, 3)
+    assert [[h.row for h in hits] for hits in got] == [[h.row for h in hits] for hits in want]
+    assert [imported.documents(h) for h in got] == [retriever.documents(h) for h in want]
+
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(open(wiki_corpus).readlines()[:-1]))
+    with pytest.raises(BuildError, match=r"holds \d+ vectors but .* has \d+ passages"):
+        import_index(prebuilt, short, tmp_path / "bad", model=minilm_path(), progress=False)
+    assert import_main(["--faiss", str(tmp_path / "missing.index"), "--corpus", str(wiki_corpus),
+                        "--out", str(tmp_path / "x")]) == 2
