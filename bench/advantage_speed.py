@@ -60,13 +60,25 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def interleaved(fn_a, fn_b, repeats: int) -> tuple[float, float]:
+    """Median times of two functions run alternately, so machine drift hits both alike."""
+    fn_a(), fn_b()  # warm-up
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, acc in ((fn_a, ta), (fn_b, tb)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=512)
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--micro", type=int, default=16, help="rollout micro batch (samples per Experience)")
     ap.add_argument("--resp-len", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=11)
     a = ap.parse_args()
     torch.set_num_threads(1)
     _install_stubs()
@@ -83,8 +95,8 @@ def main() -> None:
 
     batches = make_batches(a.prompts, a.n, a.micro, a.resp_len)
     upstream, ours = maker(RemoteExperienceMaker, "group_norm"), maker(StratifiedExperienceMaker, "stratified_grpo")
-    t_up = timed(lambda: upstream.compute_advantages_and_returns(copy.deepcopy(batches)), a.repeats)
-    t_ours = timed(lambda: ours.compute_advantages_and_returns(copy.deepcopy(batches)), a.repeats)
+    t_up, t_ours = interleaved(lambda: upstream.compute_advantages_and_returns(copy.deepcopy(batches)),
+                               lambda: ours.compute_advantages_and_returns(copy.deepcopy(batches)), a.repeats)
     t_copy = timed(lambda: copy.deepcopy(batches), a.repeats)
 
     rewards = torch.cat([b.rewards for b in batches])
