@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # wiki-18 (DPR, Dec 2018: 21M passages) and its dense index for the retriever service.
 #   online:  fetch the corpus (PeterJinGo/wiki-18-corpus, the Search-R1 copy) from the hub,
-#            optionally the prebuilt e5 Flat index too (PREBUILT=1; Search-R1's FAISS file), and
-#   always:  build our index folder with retriever_server.build_index (resumable; GPU advised).
+#            optionally the prebuilt e5 Flat index too (PREBUILT=1; Search-R1's FAISS file), then
+#   PREBUILT=1: import that index with retriever_server.import_index (no re-encoding), else
+#   build our index folder with retriever_server.build_index (resumable; GPU advised).
 #   CORPUS=/data/wiki-18.jsonl ./prepare_wiki.sh     # offline: use a corpus you already have
 # Environment: OUT ($HOME/data/wiki18), CORPUS (download), MODEL (intfloat/e5-base-v2),
 # INDEX_TYPE (flat), DEVICE (cuda if nvidia-smi works, else cpu), PYTHON (python3), PREBUILT (0).
@@ -33,9 +34,15 @@ fi
 [ -s "$CORPUS" ] || { echo "error: corpus $CORPUS does not exist or is empty" >&2; exit 2; }
 
 if [ "${PREBUILT:-0}" = 1 ]; then
-  echo "[wiki] downloading Search-R1's prebuilt e5 Flat index (~65 GB)" >&2
-  for part in part_aa part_ab; do hub_get PeterJinGo/wiki-18-e5-index "$part" >/dev/null; done
-  cat "$OUT/part_aa" "$OUT/part_ab" > "$OUT/e5_Flat.index" && rm -f "$OUT/part_aa" "$OUT/part_ab"
+  if [ ! -s "$OUT/e5_Flat.index" ]; then
+    echo "[wiki] downloading Search-R1's prebuilt e5 Flat index (~65 GB)" >&2
+    for part in part_aa part_ab; do hub_get PeterJinGo/wiki-18-e5-index "$part" >/dev/null; done
+    cat "$OUT/part_aa" "$OUT/part_ab" > "$OUT/e5_Flat.index.part" && mv "$OUT/e5_Flat.index.part" "$OUT/e5_Flat.index"
+    rm -f "$OUT/part_aa" "$OUT/part_ab"
+  fi
+  echo "[wiki] importing the prebuilt index (row i = corpus line i) into $OUT/e5-index" >&2
+  exec "$PYTHON" -m retriever_server.import_index --faiss "$OUT/e5_Flat.index" --corpus "$CORPUS" \
+    --model "$MODEL" --out "$OUT/e5-index"
 fi
 
 echo "[wiki] building $INDEX_TYPE index of $CORPUS with $MODEL on $DEVICE (resumable)" >&2
