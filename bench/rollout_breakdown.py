@@ -37,13 +37,13 @@ def main() -> int:
 
     from agent_env.config import AgentConfig
     from openrlhf_sgrpo import assets
-    from openrlhf_sgrpo.demo.corpus import index_dir_for, write_corpus
+    from openrlhf_sgrpo.demo.corpus import write_corpus
     from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
     from openrlhf_sgrpo.eval.table import format_table
     from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
     from openrlhf_sgrpo.local.rollout import AgentRollout
-    from openrlhf_sgrpo.local.services import ensure_index, local_services
+    from openrlhf_sgrpo.local.services import cached_index_for, local_services
     from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
     from openrlhf_sgrpo.local.warmup import format_warmup
 
@@ -51,7 +51,7 @@ def main() -> int:
     subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)
     train = [s.as_question() for s in split(subs, 4)[0][:32]]
     corpus = write_corpus(extracts, {s.evidence_title for s in subs[:40]}, 40)
-    index = ensure_index(corpus, index_dir_for(corpus), progress=False)
+    index = cached_index_for(corpus, progress=False)
     model, tok = load_policy(args.model)
     if args.model == TINY_QWEN2:
         format_warmup(model, tok, train)

@@ -17,12 +17,12 @@ from transformers import AutoModelForCausalLM
 
 from agent_env.config import AgentConfig
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.demo.corpus import index_dir_for, write_corpus
+from openrlhf_sgrpo.demo.corpus import write_corpus
 from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
 from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
 from openrlhf_sgrpo.local.metrics_log import read_metrics
 from openrlhf_sgrpo.local.rollout import AgentRollout
-from openrlhf_sgrpo.local.services import ensure_index, local_services
+from openrlhf_sgrpo.local.services import cached_index_for, local_services
 from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
 from openrlhf_sgrpo.local.warmup import format_warmup
 
@@ -37,7 +37,7 @@ def world():
     train = [s.as_question() for s in train[:12]]
     titles = {s.evidence_title for s in subs[:16]}
     corpus = write_corpus(extracts, titles, 16)
-    index = ensure_index(corpus, index_dir_for(corpus), progress=False)
+    index = cached_index_for(corpus, progress=False)
     with local_services(index) as urls:
         yield train, urls
 

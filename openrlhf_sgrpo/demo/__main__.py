@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens-per-turn", type=int, default=48)
     p.add_argument("--max-obs-tokens", type=int, default=160)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--reward", default="f1", choices=["em", "f1", "sub_em"],
+                   help="training reward (+ Search-R1's format reward). F1's partial credit gives a "
+                        "135M model's groups reward variance that EM rarely does; the paper uses em")
     p.add_argument("--concurrency", type=int, default=24, help="held-out questions in flight at once")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -118,14 +121,10 @@ def _questions(args):
 
 
 def _index(args, corpus, index):
-    from openrlhf_sgrpo.demo.corpus import index_dir_for
-    from openrlhf_sgrpo.local.services import cached_index_for, ensure_index
+    from openrlhf_sgrpo.local.services import cached_index_for
 
-    if index:
-        return Path(index)
-    if args.data:  # a user's corpus: indexed in the cache, never beside the data
-        return cached_index_for(corpus)
-    return ensure_index(corpus, index_dir_for(Path(corpus)))
+    # the demo's corpus and a user's alike: indexed in the cache, never beside the data
+    return Path(index) if index else cached_index_for(corpus)
 
 
 def _warmup(args, model, tok, train, out: Path, logger) -> None:
@@ -183,7 +182,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
         agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,
                                 template="none" if args.model == "tiny-qwen2" else TEMPLATE, max_turns=args.max_turns, topk=3,
-                                max_obs_tokens=args.max_obs_tokens, reward="em", format_reward=True)
+                                max_obs_tokens=args.max_obs_tokens, reward=args.reward, format_reward=True)
         engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
                                     seed=args.seed)
         rollout = AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,

@@ -42,7 +42,3 @@ def write_corpus(extracts: dict[str, str], evidence_titles: set[str], n_distract
         tmp.replace(path)
     return path
 
-
-def index_dir_for(corpus: Path) -> Path:
-    """Where the index of ``corpus`` lives (next to it, same digest)."""
-    return corpus.with_name(corpus.stem.replace("corpus_", "index_"))

@@ -38,13 +38,19 @@ def ensure_index(corpus_jsonl: str | Path, index_dir: str | Path, model: str | P
     return result.out_dir
 
 
-def cached_index_for(corpus_jsonl: str | Path, progress: bool = True) -> Path:
-    """Index a user's corpus once, in the asset cache keyed by the corpus' content (never beside it)."""
+def cached_index_for(corpus_jsonl: str | Path, model: str | Path | None = None, progress: bool = True) -> Path:
+    """Index a corpus once, in the asset cache (never beside the data), keyed by the corpus'
+    content *and* the encoder: two checkouts (two venvs, two MiniLM paths) sharing one cache
+    must not find each other's builds under the same name."""
+    import hashlib
+
     from retriever_server.corpora import file_sha256
 
-    from openrlhf_sgrpo.assets import cache_dir
+    from openrlhf_sgrpo.assets import cache_dir, minilm_dir
 
-    return ensure_index(corpus_jsonl, cache_dir() / "indexes" / file_sha256(corpus_jsonl)[:16], progress=progress)
+    model = str(Path(model).resolve()) if model and Path(model).exists() else str(model or minilm_dir())
+    key = f"{file_sha256(corpus_jsonl)[:16]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+    return ensure_index(corpus_jsonl, cache_dir() / "indexes" / key, model=model, progress=progress)
 
 
 @contextlib.contextmanager
