@@ -15,12 +15,13 @@ added to it. The paper's text available to us gives the rule in words (abstract 
 not its code: the per-token mask and the estimators above are this project's reading of it.
 
 This module is the one definition; the OpenRLHF actor patch and the single-machine runner
-both call :func:`sapo_token_penalty` / :func:`sapo_loss`.
+both call :func:`sapo_loss` with their policy loss's reducer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -120,18 +121,23 @@ def sapo_stats(log_probs: torch.Tensor, old_log_probs: torch.Tensor, action_mask
 
 
 def sapo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-              action_mask: torch.Tensor | None, config: SAPOConfig, num_tokens: float | torch.Tensor | None = None
+              action_mask: torch.Tensor | None, config: SAPOConfig, num_tokens: float | torch.Tensor | None = None,
+              aggregate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
               ) -> tuple[torch.Tensor, SAPOStats]:
-    """The token-mean SAPO term (to add to the policy loss) and its stats.
+    """The SAPO term (to add to the policy loss) and its stats: the one entry point of every caller.
 
-    ``num_tokens`` is the token-mean denominator; pass the global action-token count when the
-    policy loss uses one (gradient accumulation), else the batch's action tokens are used.
+    ``aggregate(per_token, mask)`` is the policy loss's own reducer (OpenRLHF's ``aggregate_loss``
+    with its batch normalization), so both terms share one normalization. Without it the term is a
+    token mean over ``num_tokens`` (default: the batch's action tokens).
     """
     per_token, mask = sapo_token_penalty(log_probs, old_log_probs, advantages, action_mask, config)
-    if num_tokens is None:
-        num_tokens = per_token.numel() if action_mask is None else action_mask.sum()
-    denom = torch.as_tensor(num_tokens, dtype=per_token.dtype, device=per_token.device).clamp_min(1)
-    term = per_token.sum() / denom
+    if aggregate is not None:
+        term = aggregate(per_token, torch.ones_like(per_token) if action_mask is None else action_mask)
+    else:
+        if num_tokens is None:
+            num_tokens = per_token.numel() if action_mask is None else action_mask.sum()
+        denom = torch.as_tensor(num_tokens, dtype=per_token.dtype, device=per_token.device).clamp_min(1)
+        term = per_token.sum() / denom
     return term, sapo_stats(log_probs, old_log_probs, action_mask, mask, term)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from openrlhf_sgrpo.local import upstream
 from openrlhf_sgrpo.local.experience import Batch
-from openrlhf_sgrpo.sapo import SAPOConfig, sapo_stats, sapo_token_penalty
+from openrlhf_sgrpo.sapo import SAPOConfig, sapo_loss
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,9 @@ class PolicyObjective:
             log_probs, old_log_probs, advantages, action_mask=mask, batch_num_tokens=batch_num_tokens)
         stats = {"policy_loss": float(loss.detach()), "clip_ratio": float(clip_ratio), "ppo_kl": float(ppo_kl)}
         if self.cfg.sapo is not None:
-            per_token, penalized = sapo_token_penalty(log_probs, old_log_probs, advantages, mask, self.cfg.sapo)
-            term = upstream.aggregate_loss(per_token, mask, token_level_loss=True, batch_num_tokens=batch_num_tokens)
-            stats.update({k: float(v) for k, v in sapo_stats(log_probs, old_log_probs, mask, penalized,
-                                                             term).as_dict().items()})
+            term, sapo = sapo_loss(log_probs, old_log_probs, advantages, mask, self.cfg.sapo, aggregate=lambda t, m: (
+                upstream.aggregate_loss(t, m, token_level_loss=True, batch_num_tokens=batch_num_tokens)))
+            stats.update({k: float(v) for k, v in sapo.as_dict().items()})
             loss = loss + term
         if self.cfg.kl_coef > 0:
             if ref_log_probs is None:

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from openrlhf_sgrpo.sapo import (DEFAULT_COEF, DEFAULT_ESTIMATOR, DEFAULT_RATIO_THRESHOLD, SAPOConfig,
-                                 sapo_stats, sapo_token_penalty)
+from openrlhf_sgrpo.sapo import DEFAULT_COEF, DEFAULT_ESTIMATOR, DEFAULT_RATIO_THRESHOLD, SAPOConfig, sapo_loss
 
 _PATCH_MARK = "_sgrpo_sapo_patched"
 
@@ -63,10 +62,10 @@ class SAPOPolicyLoss(nn.Module):
                                 rollout_log_probs=rollout_log_probs, dp_size=dp_size,
                                 batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
         mask = action_mask if action_mask is not None else torch.ones_like(log_probs)
-        per_token, penalized = sapo_token_penalty(log_probs, old_log_probs, advantages, mask, self.config)
-        term = aggregate_loss(per_token, mask, token_level_loss=self.base.token_level_loss, dp_size=dp_size,
-                              batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)
-        self.last_stats = sapo_stats(log_probs, old_log_probs, mask, penalized, term).as_dict()
+        term, stats = sapo_loss(log_probs, old_log_probs, advantages, mask, self.config, aggregate=lambda t, m: (
+            aggregate_loss(t, m, token_level_loss=self.base.token_level_loss, dp_size=dp_size,
+                           batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size)))
+        self.last_stats = stats.as_dict()
         return (loss + term, *rest)
 
 
