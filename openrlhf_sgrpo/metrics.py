@@ -36,9 +36,10 @@ def stratification_metrics(rewards: torch.Tensor, strata: torch.Tensor, n_sample
     k = float(n_samples_per_prompt)
 
     var_global = g_sq / k  # Var[A_G] per prompt
-    var_strat = torch.zeros_like(g_sq).index_add_(0, _cell_group(segs), c_sq) / k  # Var[A_S]
+    cell_group = _cell_group(segs)
+    var_strat = torch.zeros_like(g_sq).index_add_(0, cell_group, c_sq) / k  # Var[A_S]
     between = torch.zeros_like(g_sq).index_add_(
-        0, _cell_group(segs), c_count * (c_mean - g_mean[_cell_group(segs)]) ** 2) / k
+        0, cell_group, c_count * (c_mean - g_mean[cell_group]) ** 2) / k
 
     live = c_count > 0
     non_constant = live & (c_sq / c_count.clamp_min(1) > _CONSTANT_TOL) & (c_count > 1)
@@ -46,7 +47,7 @@ def stratification_metrics(rewards: torch.Tensor, strata: torch.Tensor, n_sample
     in_var_san = segment_moments(san, segs.cell, segs.num_cells)[2] / c_count.clamp_min(1)
     glob_var_san = segment_moments(san, segs.group, segs.num_groups)[2] / k
 
-    strata_per_prompt = torch.zeros_like(g_sq).index_add_(0, _cell_group(segs), live.to(r.dtype))
+    strata_per_prompt = torch.zeros_like(g_sq).index_add_(0, cell_group, live.to(r.dtype))
     out = {
         "sgrpo/var_adv_global": float(var_global.mean()),
         "sgrpo/var_adv_stratified": float(var_strat.mean()),
