@@ -1,7 +1,8 @@
 """`print(1)` executions per second through the HTTP service, 1/4/16 concurrent clients.
 
-Backends: local (bwrap+cgroup), Docker warm pool, Docker cold (one container per run). Prints a
-table and the ratios warm/cold and local-vs-goal, all measured in this same run.
+Backends: local (bwrap+cgroup); the Docker warm pool in both modes, resident (the container's
+pid-1 runner spawns each run) and exec (one `docker exec` per run); Docker cold (one container per
+run). Prints a table and the ratios warm/cold and local-vs-goal, all measured in this same run.
 
     python bench/sandbox_throughput.py --runs 64 [--skip-docker]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,10 +25,14 @@ LOCAL_GOAL_16 = 60.0
 
 
 def measure(url: str, clients: int, runs: int) -> float:
-    """Executions/s for `runs` requests from `clients` threads (each with its own session)."""
+    """Executions/s for `runs` requests from `clients` threads, each keeping its connection alive
+    (as the agent's pooled tool client does)."""
+    local = threading.local()
+
     def one(_: int) -> bool:
-        with requests.Session() as s:
-            body = s.post(f"{url}/run_code", json=BODY, timeout=120).json()
+        if not hasattr(local, "session"):
+            local.session = requests.Session()
+        body = local.session.post(f"{url}/run_code", json=BODY, timeout=120).json()
         return body.get("run_result", {}).get("stdout") == "1\n"
 
     with ThreadPoolExecutor(clients) as pool:
@@ -59,18 +65,22 @@ def main() -> None:
     clients = [int(c) for c in a.clients.split(",")]
     results = {"local": bench("local", "local", [], clients, a.runs, a.max_concurrency)}
     if not a.skip_docker:
-        results["docker_warm"] = bench("docker warm", "docker", [], clients, a.runs, a.max_concurrency)
+        for mode in ("resident", "warm"):
+            results[f"docker_{mode}"] = bench(f"docker {mode}", "docker", ["--docker-mode", mode], clients,
+                                              a.runs, a.max_concurrency)
         results["docker_cold"] = bench("docker cold", "docker", ["--docker-mode", "cold"], clients,
                                        a.cold_runs, a.max_concurrency)
     print("\nratios (same run):")
     top = max(clients)
     print(f"  local @{top} clients vs goal {LOCAL_GOAL_16}/s: {results['local'][top] / LOCAL_GOAL_16:.2f}x")
     if "docker_cold" in results:
+        for mode in ("resident", "warm"):
+            for c in clients:
+                print(f"  docker {mode} / cold @{c:>2} clients: "
+                      f"{results[f'docker_{mode}'][c] / results['docker_cold'][c]:.1f}x (goal >= 5x)")
         for c in clients:
-            print(f"  docker warm / cold @{c:>2} clients: "
-                  f"{results['docker_warm'][c] / results['docker_cold'][c]:.1f}x (goal >= 5x)")
-        for c in clients:
-            print(f"  local / docker warm @{c:>2} clients: {results['local'][c] / results['docker_warm'][c]:.1f}x")
+            print(f"  local / docker resident @{c:>2} clients: "
+                  f"{results['local'][c] / results['docker_resident'][c]:.1f}x")
     print(json.dumps({k: {str(c): round(v, 2) for c, v in r.items()} for k, r in results.items()}))
 
 

@@ -31,7 +31,7 @@ class ServeConfig:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     allow_weaker_isolation: bool = False
     docker_image: str = "sgrpo-sandbox:latest"
-    docker_mode: str = "warm"
+    docker_mode: str = "resident"
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
@@ -46,8 +46,10 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--allow-weaker-isolation", action="store_true",
                    help="serve even if a guarantee failed its start-up probe (/health lists it)")
     p.add_argument("--docker-image", default="sgrpo-sandbox:latest")
-    p.add_argument("--docker-mode", choices=("warm", "cold"), default="warm",
-                   help="warm: pooled containers + exec; cold: one container per run (baseline)")
+    p.add_argument("--docker-mode", choices=("resident", "warm", "cold"), default="resident",
+                   help="resident: pooled containers whose pid-1 runner spawns each run (fastest); "
+                        "warm: pooled containers, one `docker exec` per run; "
+                        "cold: one container per run (the benchmark baseline)")
     a = p.parse_args(argv)
     if a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")

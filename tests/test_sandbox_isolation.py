@@ -1,4 +1,5 @@
-"""One isolation suite, run for real against both backends (local bwrap+cgroup, Docker warm pool).
+"""One isolation suite, run for real against every backend: local bwrap+cgroup, and the Docker warm
+pool in both its modes (a `docker exec` per run, or the container's resident runner).
 
 Docker cases are marked `docker` and skip with the printed reason when no engine answers or the
 image is missing (build it with `scripts/docker_ci.sh start && scripts/docker_ci.sh build-image`).
@@ -31,11 +32,11 @@ def _make_local():
     return backend
 
 
-def _make_docker():
+def _make_docker(mode: str = "warm"):
     try:
         from sandbox.backends.docker_pool import DockerBackend, docker_host
 
-        backend = DockerBackend(pool_size=POOL)
+        backend = DockerBackend(pool_size=POOL, mode=mode)
     except Exception as err:  # engine down, socket missing, image not built
         reason = f"Docker unavailable (DOCKER_HOST={docker_host()!r}): {type(err).__name__}: {err}"
         print(reason)
@@ -47,9 +48,13 @@ def _make_docker():
     return backend
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+DOCKER_MODES = [pytest.param(m, marks=pytest.mark.docker) for m in ("warm", "resident")]
+
+
+@pytest.fixture(scope="module", params=["local", *[pytest.param(f"docker-{m.values[0]}", marks=m.marks)
+                                                  for m in DOCKER_MODES]])
 def backend(request):
-    b = _make_local() if request.param == "local" else _make_docker()
+    b = _make_local() if request.param == "local" else _make_docker(request.param.split("-", 1)[1])
     yield b
     b.close()
 
@@ -171,10 +176,10 @@ def test_leak_loop_500_runs_leaves_nothing():
     assert isinstance(backend, LocalBackend) and marked_processes(marker) == []
 
 
-@pytest.mark.docker
-def test_docker_leak_loop_and_healing():
+@pytest.mark.parametrize("mode", DOCKER_MODES)
+def test_docker_leak_loop_and_healing(mode):
     """500 warm-pool runs, a container killed from outside (the pool heals), then zero containers."""
-    backend = _make_docker()
+    backend = _make_docker(mode)
     try:
         victim = backend._free.queue[0].container
         victim.kill()
@@ -192,3 +197,57 @@ def test_docker_leak_loop_and_healing():
         assert client.containers.list(all=True, filters={"label": f"{LABEL}={backend.service_id}"}) == []
     finally:
         client.close()
+
+
+@pytest.mark.docker
+def test_resident_runner_is_out_of_the_codes_reach():
+    """Same uid, but pid 1 and non-dumpable: the code can neither kill nor inspect the runner."""
+    backend = _make_docker("resident")
+    try:
+        code = ("import os, signal\nfor sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):\n"
+                "    os.kill(1, sig)\nfor path in ('/proc/1/mem', '/proc/1/environ'):\n"
+                "    try:\n        open(path, 'rb').read(1)\n        print('READ', path)\n"
+                "    except OSError as e:\n        print('denied', e.errno)\n"
+                "try:\n    print('FDS', os.listdir('/proc/1/fd'))\nexcept OSError as e:\n    print('denied', e.errno)\n")
+        replaced = backend.replaced
+        for _ in range(POOL):  # every container in the pool
+            res = run(backend, code)
+            assert res.status == RUN_FINISHED and res.stdout.split() == ["denied", "13"] * 3, res
+        assert run(backend, "print('alive')").stdout == "alive\n"
+        assert backend.replaced == replaced  # no runner died: the pool never had to heal
+    finally:
+        backend.close()
+
+
+@pytest.mark.docker
+def test_resident_container_killed_mid_run_is_reported_and_healed():
+    """A container that dies during a run yields a SandboxError result (no hang), then a fresh one."""
+    import threading
+    import time
+
+    from sandbox.backends.docker_pool import DockerBackend
+
+    try:
+        backend = DockerBackend(pool_size=1, mode="resident")
+    except Exception as err:  # same skip rule as the suite's fixture
+        pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
+    try:
+        victim = backend._free.queue[0].container
+        marker = f"sgrpo-victim-{uuid.uuid4().hex}"
+        box: list = []
+        code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])"
+        worker = threading.Thread(target=lambda: box.append(run(backend, code, run_timeout=40)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not marked_processes(marker):  # the run is under way
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        victim.kill()
+        worker.join(timeout=60)
+        assert box, "the run hung after its container died"
+        lost = box[0]
+        assert lost.status != RUN_FINISHED and lost.sandbox_error and "lost during the run" in lost.sandbox_error
+        assert run(backend, "print('healed')").stdout == "healed\n"
+        assert backend.replaced == 1
+    finally:
+        backend.close()

@@ -6,7 +6,7 @@ from .base import Backend
 
 
 def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:latest",
-                 docker_mode: str = "warm") -> Backend:
+                 docker_mode: str = "resident") -> Backend:
     """Build a backend by name ('local' or 'docker'); docker-py is only needed for 'docker'."""
     if name == "local":
         from .local import LocalBackend

@@ -1,10 +1,13 @@
 """Docker backend: a warm pool of locked-down containers, or one fresh container per run (cold).
 
-Warm: each container idles under a tiny pid-1 reaper; a run is one `exec` of
-`timeout -s KILL T python3 -c BOOT` that unpacks code/files from stdin into the tmpfs /work and
-execs the program. Afterwards a cleanup exec SIGKILLs every other process, wipes /work, /tmp and
-/dev/shm, and proves it (process count, empty dirs); a container that fails the proof, was
-OOM-killed or died is removed and replaced in the background, so the pool heals.
+Warm: each container idles under a tiny pid-1 reaper; a run is one `docker exec` of
+`sh -c RUN` whose prefix wipes /work, /tmp and /dev/shm and proves the container clean, then
+`timeout -s KILL T python3 -c BOOT` unpacks code/files from stdin into the tmpfs /work and runs
+the program. Afterwards every other process is SIGKILLed (from the host's view of the container
+cgroup, else by a cleanup exec); a container that fails the proof, was OOM-killed or died is
+removed and replaced in the background, so the pool heals.
+Resident: the same pool, but pid 1 is `resident_runner.py`, which spawns that same `sh -c RUN`
+command itself for each job sent over the attached stdin, skipping runc's ~100 ms per exec.
 Cold (for the benchmark baseline): `docker run` semantics, one container per execution.
 """
 
@@ -15,27 +18,27 @@ import json
 import logging
 import os
 import queue
-import socket
-import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.types import Ulimit
 
-from ..api import (DEFAULT_MEMORY_MB, RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult,
-                   RunRequest)
+from ..api import DEFAULT_MEMORY_MB, RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest
 from ..cgroups import Slot, slot_of_process
 from ..output import CappedBuffer
 from ..probe import run_probe
 from .base import Backend, Guarantees
+from .docker_stream import ChannelError, ResidentChannel, exchange
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "sgrpo-sandbox:latest"
+MODES = ("warm", "resident", "cold")
 ENV_FILE = os.path.join(os.environ.get("SGRPO_DOCKER_DIR", "/tmp/sgrpo-docker"), "env")
 USER = "65534:65534"
 PIDS_LIMIT = 64
@@ -76,6 +79,8 @@ RUN = ('t="$0"; b="$1"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u
        f'[ $# -le 2 ] || {{ echo "{DIRTY_MARK}: $# processes" >&2; exit {DIRTY_RC}; }}; '
        'for f in ' + SCRATCH_GLOBS + f'; do [ -e "$f" ] && {{ echo "{DIRTY_MARK}: $f" >&2; exit {DIRTY_RC}; }}; done; '
        'exec timeout -s KILL "$t" python3 -E -s -c "$b"')
+with open(os.path.join(os.path.dirname(__file__), "resident_runner.py")) as _fh:
+    RUNNER = _fh.read()  # shipped as `python3 -c` source: the image needs no rebuild for it
 
 
 def docker_host() -> str | None:
@@ -103,39 +108,23 @@ def _payload(request: RunRequest) -> bytes:
     return b"%010d" % len(header) + header + request.stdin
 
 
-def _exchange(sock: socket.socket, payload: bytes, deadline: float, cap: int) -> tuple[str, str, bool]:
-    """Send stdin (in a thread: the program may never read it), demultiplex output until EOF."""
-    def feed() -> None:
-        try:
-            sock.sendall(payload)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+def _kept_output(reply: dict, key: str, cap: int) -> str:
+    """Rebuild a capped stream from the runner's kept bytes and dropped count."""
+    buf = CappedBuffer(cap)
+    buf.write(base64.b64decode(reply[key]))
+    buf.dropped += int(reply[f"{key}_dropped"])
+    return buf.text()
 
-    threading.Thread(target=feed, daemon=True).start()
-    bufs = {1: CappedBuffer(cap), 2: CappedBuffer(cap)}
-    pending, timed_out = b"", False
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        sock.settimeout(remaining)
-        try:
-            chunk = sock.recv(65536)
-        except socket.timeout:
-            timed_out = True
-            break
-        if not chunk:
-            break
-        pending += chunk
-        while len(pending) >= 8:
-            stream, size = struct.unpack(">BxxxL", pending[:8])
-            if len(pending) < 8 + size:
-                break
-            bufs.get(stream, bufs[2]).write(pending[8:8 + size])
-            pending = pending[8 + size:]
-    return bufs[1].text(), bufs[2].text(), timed_out
+
+@dataclass
+class _Outcome:
+    """What one run produced, whichever way it was started."""
+
+    rc: int | None
+    elapsed: float
+    hung: bool
+    stdout: str
+    stderr: str
 
 
 @dataclass
@@ -145,17 +134,18 @@ class _Box:
     container: object
     memory_mb: int
     oom_kills: int = 0  # the container cgroup's oom_kill counter after the last cleanup
-    init_pid: int = 0  # host pid of the reaper (pid 1 inside)
+    init_pid: int = 0  # host pid of the reaper or resident runner (pid 1 inside)
     cgroup: Slot | None = None  # the container's cgroups as seen from this host, when visible
+    channel: ResidentChannel | None = None  # resident mode: the runner's attached stdin/stdout
 
 
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, image: str = DEFAULT_IMAGE, pool_size: int = 4, mode: str = "warm",
+    def __init__(self, image: str = DEFAULT_IMAGE, pool_size: int = 4, mode: str = "resident",
                  memory_mb: int = DEFAULT_MEMORY_MB) -> None:
-        if mode not in ("warm", "cold"):
-            raise ValueError(f"mode must be 'warm' or 'cold', got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.image, self.pool_size, self.mode, self.memory_mb = image, pool_size, mode, memory_mb
         self.client = docker_client()
         self.client.ping()
@@ -167,7 +157,7 @@ class DockerBackend(Backend):
         self.recycled = 0
         self.replaced = 0
         self.closed = False
-        if mode == "warm":
+        if mode != "cold":
             for _ in range(pool_size):
                 self._free.put(self._new_box())
 
@@ -185,15 +175,33 @@ class DockerBackend(Backend):
         return dict(image=self.image, command=command, **self._container_config(), **self._host_config(memory_mb))
 
     def _new_box(self) -> _Box:
-        c = self.client.containers.run(detach=True, **self._container_kwargs(
-            self.memory_mb, ["python3", "-E", "-s", "-c", REAPER]))
+        if self.mode == "resident":
+            c = self.client.containers.create(stdin_open=True, **self._container_kwargs(
+                self.memory_mb, ["python3", "-E", "-s", "-c", RUNNER, RUN, BOOT]))
+        else:
+            c = self.client.containers.create(**self._container_kwargs(
+                self.memory_mb, ["python3", "-E", "-s", "-c", REAPER]))
         with self._lock:
             self._boxes.add(c.id)
-        c.reload()
-        pid = int(c.attrs["State"].get("Pid") or 0)
-        return _Box(c, self.memory_mb, init_pid=pid, cgroup=slot_of_process(pid) if pid else None)
+        box = _Box(c, self.memory_mb)
+        try:
+            if self.mode == "resident":  # attach before start so no byte of the runner is missed
+                sock = c.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+                box.channel = ResidentChannel(getattr(sock, "_sock", sock), c.short_id)
+            c.start()
+            if box.channel is not None:
+                box.oom_kills = max(int(box.channel.receive(time.monotonic() + 60)["oom_kills"]), 0)
+            c.reload()
+        except (DockerException, ChannelError):
+            self._discard(box)
+            raise
+        box.init_pid = int(c.attrs["State"].get("Pid") or 0)
+        box.cgroup = slot_of_process(box.init_pid) if box.init_pid else None
+        return box
 
     def _discard(self, box: _Box) -> None:
+        if box.channel is not None:
+            box.channel.close()
         with self._lock:
             self._boxes.discard(box.container.id)
         try:
@@ -209,7 +217,7 @@ class DockerBackend(Backend):
         self.replaced += 1
         try:
             self._free.put(self._new_box())
-        except DockerException:
+        except (DockerException, ChannelError):
             log.exception("could not replace a sandbox container; pool shrinks by one")
 
     # ---- execution --------------------------------------------------------------------------
@@ -223,37 +231,95 @@ class DockerBackend(Backend):
                     box.container.update(mem_limit=f"{request.memory_limit_mb}m",
                                          memswap_limit=f"{request.memory_limit_mb}m")
                     box.memory_mb = request.memory_limit_mb
-                exec_id = self.client.api.exec_create(
-                    box.container.id, ["sh", "-c", RUN, f"{request.run_timeout}s", BOOT],
-                    stdin=True, user=USER, workdir="/work")["Id"]
-            except (NotFound, APIError) as err:  # the container died under us: heal, retry once
+                if self.mode == "resident":
+                    result = self._run_resident(box, request, max_output_bytes)
+                else:
+                    exec_id = self.client.api.exec_create(
+                        box.container.id, ["sh", "-c", RUN, f"{request.run_timeout}s", BOOT],
+                        stdin=True, user=USER, workdir="/work")["Id"]
+                    result = self._exec(box, exec_id, request, max_output_bytes)
+            except (NotFound, APIError, ChannelError) as err:  # died before the code ran: heal, retry once
                 log.warning("sandbox container unusable (%s); replacing", err)
                 threading.Thread(target=self._replace, args=(box,), daemon=True).start()
                 if attempt:
                     raise
                 continue
-            result = self._exec(box, exec_id, request, max_output_bytes)
             if result is not None:
                 return result
         return ExecResult(RUN_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
 
     def _exec(self, box: _Box, exec_id: str, request: RunRequest, cap: int) -> ExecResult | None:
-        """One run; None if the container refused it as not clean (it is then replaced)."""
+        """One run by `docker exec`; None if the container refused it as not clean (it is then replaced)."""
         oom_before = box.cgroup.oom_kills() if box.cgroup else 0
         start = time.monotonic()
         sock = self.client.api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         try:
-            stdout, stderr, hung = _exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
+            stdout, stderr, hung = exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
         finally:
             raw.close()
         elapsed = time.monotonic() - start
         rc = self.client.api.exec_inspect(exec_id).get("ExitCode")
+        if self._refused_as_dirty(box, rc, stderr):
+            return None
+        return self._settle(box, request, _Outcome(rc, elapsed, hung, stdout, stderr), oom_before,
+                            lambda: self._cleanup(box))
+
+    def _run_resident(self, box: _Box, request: RunRequest, cap: int) -> ExecResult | None:
+        """One run by the container's resident runner; None if it refused it as not clean.
+
+        Raises ChannelError (started=False) when the runner was gone before it took the job.
+        """
+        assert box.channel is not None
+        try:
+            oom_before = box.cgroup.oom_kills() if box.cgroup else 0
+        except OSError as err:  # the container's cgroup is gone: so is the container
+            raise ChannelError(f"container {box.container.short_id} is gone ({err})") from err
+        start = time.monotonic()
+        job = {"timeout": request.run_timeout, "grace": GRACE_S, "cap": cap}
+        try:
+            reply = box.channel.call(job, _payload(request), start + request.run_timeout + 3 * GRACE_S)
+        except ChannelError as err:
+            if not err.started:
+                raise
+            return self._lost_mid_run(box, err, time.monotonic() - start, oom_before)
+        out, err_out = _kept_output(reply, "out", cap), _kept_output(reply, "err", cap)
+        if self._refused_as_dirty(box, reply["rc"], err_out):
+            return None
+        return self._settle(box, request, _Outcome(reply["rc"], reply["elapsed"], reply["hung"], out, err_out),
+                            oom_before, lambda: (reply["procs_left"] == 0, int(reply["oom_kills"])))
+
+    def _lost_mid_run(self, box: _Box, err: ChannelError, elapsed: float, oom_before: int) -> ExecResult:
+        """The runner died during a run (the OOM killer may pick pid 1 too): report it, heal the pool."""
+        oom = False
+        try:
+            if box.cgroup is not None:
+                oom = box.cgroup.oom_kills() > oom_before
+            box.container.reload()
+            oom = oom or bool(box.container.attrs["State"].get("OOMKilled"))
+        except (DockerException, OSError, RuntimeError):
+            pass
+        log.warning("%s; replacing", err)
+        threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+        if oom:
+            return ExecResult(RUN_MEMORY, 137, "", "", elapsed)
+        return ExecResult(RUN_ERROR, None, "", "", elapsed, sandbox_error=f"sandbox container lost during the run: {err}")
+
+    def _refused_as_dirty(self, box: _Box, rc: int | None, stderr: str) -> bool:
         if rc == DIRTY_RC and stderr.startswith(DIRTY_MARK):
             log.warning("%s; replacing", stderr.strip())
             threading.Thread(target=self._replace, args=(box,), daemon=True).start()
-            return None
-        if box.cgroup is not None:  # host view: kill leftovers directly, no extra exec
+            return True
+        return False
+
+    def _settle(self, box: _Box, request: RunRequest, run: _Outcome, oom_before: int,
+                in_box_report: Callable[[], tuple[bool, int]]) -> ExecResult:
+        """After a run: leftovers killed, OOM decided, the container recycled or replaced.
+
+        With a host view of the container's cgroup we kill and count OOMs from here; otherwise
+        `in_box_report` gives (provably clean?, the cgroup's oom_kill counter or -1) from inside.
+        """
+        if box.cgroup is not None:
             try:
                 box.cgroup.kill_all(keep=frozenset({box.init_pid}))
                 healthy, oom_kills = True, box.cgroup.oom_kills() - oom_before
@@ -261,10 +327,10 @@ class DockerBackend(Backend):
                 healthy, oom_kills = False, -1
             oom = oom_kills > 0
         else:
-            healthy, oom_kills = self._cleanup(box)
+            healthy, oom_kills = in_box_report()
             oom = oom_kills > box.oom_kills
             box.oom_kills = max(oom_kills, box.oom_kills)
-        if oom_kills < 0 and rc == 137 and elapsed < request.run_timeout:
+        if oom_kills < 0 and run.rc == 137 and run.elapsed < request.run_timeout:
             # cgroup counter unreadable in the container: fall back to the engine's sticky flag
             box.container.reload()
             oom = bool(box.container.attrs["State"].get("OOMKilled"))
@@ -274,7 +340,8 @@ class DockerBackend(Backend):
             self._free.put(box)
         else:
             threading.Thread(target=self._replace, args=(box,), daemon=True).start()
-        return ExecResult(self._status(rc, elapsed, request.run_timeout, hung, oom), rc, stdout, stderr, elapsed)
+        status = self._status(run.rc, run.elapsed, request.run_timeout, run.hung, oom)
+        return ExecResult(status, run.rc, run.stdout, run.stderr, run.elapsed)
 
     @staticmethod
     def _status(rc: int | None, elapsed: float, run_timeout: float, hung: bool, oom: bool) -> str:
@@ -306,7 +373,7 @@ class DockerBackend(Backend):
             start = time.monotonic()
             c.start()
             try:
-                stdout, stderr, hung = _exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
+                stdout, stderr, hung = exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
             finally:
                 raw.close()
             if hung:

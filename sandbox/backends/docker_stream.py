@@ -1,0 +1,135 @@
+"""Talking to processes in Docker containers over hijacked attach/exec sockets.
+
+Docker multiplexes a non-TTY process's stdout and stderr on one socket as frames (an 8-byte
+header: stream id, 3 pad bytes, big-endian length). `exchange` serves one-shot programs (an exec
+or a cold container); `ResidentChannel` holds the socket of a warm container's resident runner
+(`resident_runner.py`) and swaps length-prefixed job/reply frames with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+
+from ..output import CappedBuffer
+
+log = logging.getLogger(__name__)
+RUNNER_FRAME = struct.Struct(">I")
+
+
+class StreamDemux:
+    """Splits Docker's multiplexed byte stream into (stream id, payload) pieces."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[int, bytes]]:
+        self._pending += chunk
+        out = []
+        while len(self._pending) >= 8:
+            stream, size = struct.unpack(">BxxxL", self._pending[:8])
+            if len(self._pending) < 8 + size:
+                break
+            out.append((stream, self._pending[8:8 + size]))
+            self._pending = self._pending[8 + size:]
+        return out
+
+
+def exchange(sock: socket.socket, payload: bytes, deadline: float, cap: int) -> tuple[str, str, bool]:
+    """Send stdin (in a thread: the program may never read it), demultiplex output until EOF."""
+    def feed() -> None:
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    bufs = {1: CappedBuffer(cap), 2: CappedBuffer(cap)}
+    demux, timed_out = StreamDemux(), False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            timed_out = True
+            break
+        if not chunk:
+            break
+        for stream, data in demux.feed(chunk):
+            bufs.get(stream, bufs[2]).write(data)
+    return bufs[1].text(), bufs[2].text(), timed_out
+
+
+class ChannelError(RuntimeError):
+    """The resident runner hung up or did not answer in time; its container must be replaced.
+
+    `started` says whether the runner had acknowledged the job: if not, the code never ran and
+    the job may safely go to another container.
+    """
+
+    def __init__(self, message: str, started: bool = False) -> None:
+        super().__init__(message)
+        self.started = started
+
+
+class ResidentChannel:
+    """One warm container's resident runner: send a job, wait for its reply frame."""
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        self.sock, self.name = sock, name
+        self._demux = StreamDemux()
+        self._stdout = b""
+
+    def receive(self, deadline: float) -> dict:
+        """The next reply frame from the runner's stdout; its stderr goes to the log."""
+        while len(self._stdout) < 4 or len(self._stdout) < 4 + RUNNER_FRAME.unpack(self._stdout[:4])[0]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ChannelError(f"runner in {self.name} did not answer in time")
+            self.sock.settimeout(remaining)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                raise ChannelError(f"runner in {self.name} did not answer in time") from None
+            except OSError as err:
+                raise ChannelError(f"runner in {self.name}: {err}") from err
+            if not chunk:
+                raise ChannelError(f"runner in {self.name} hung up (container died?)")
+            for stream, data in self._demux.feed(chunk):
+                if stream == 1:
+                    self._stdout += data
+                else:
+                    log.warning("runner in %s: %s", self.name, data.decode(errors="replace").rstrip())
+        size = RUNNER_FRAME.unpack(self._stdout[:4])[0]
+        frame, self._stdout = self._stdout[4:4 + size], self._stdout[4 + size:]
+        return json.loads(frame)
+
+    def call(self, job: dict, payload: bytes, deadline: float) -> dict:
+        """Send one job; the runner acknowledges it before it starts, then sends the reply."""
+        header = json.dumps(job).encode()
+        try:
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            self.sock.sendall(RUNNER_FRAME.pack(len(header)) + header + RUNNER_FRAME.pack(len(payload)) + payload)
+        except OSError as err:
+            raise ChannelError(f"runner in {self.name}: cannot send the job ({err})") from err
+        if not self.receive(deadline).get("accepted"):
+            raise ChannelError(f"runner in {self.name} answered out of turn")
+        try:
+            return self.receive(deadline)
+        except ChannelError as err:
+            raise ChannelError(str(err), started=True) from err
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,166 @@
+"""Resident job runner: pid 1 of a warm Docker sandbox container in `--docker-mode resident`.
+
+Why: a `docker exec` costs ~100 ms of runc work on its own, so a per-run exec can never be much
+faster than a cold container. This runner stays in the container and starts each run itself with
+`posix_spawn`, so a run costs one Python start-up. The run is still the exec mode's command,
+`sh -c RUN T BOOT` (scratch wipe + cleanliness proof, then `timeout -s KILL T python3 BOOT`).
+
+It runs INSIDE the container, as the same unprivileged uid as the code, from `python3 -c` source
+(stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1, so signals
+from inside the pid namespace are dropped (it installs no handler), and it marks itself
+non-dumpable, so ptrace and /proc/1/{fd,mem} are refused. After each run it SIGKILLs every other
+process (kill(-1) from pid 1 spares only itself) and reaps them, so nothing outlives a run.
+
+Protocol on its stdin/stdout, the container's attached streams (frames are >I length + bytes):
+  in:  JSON {"timeout": s, "grace": s, "cap": bytes per stream}, then the run's stdin payload
+  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc", "elapsed", "hung", "out", "err" (base64 of the kept bytes), "out_dropped",
+             "err_dropped", "procs_left", "oom_kills"}
+"""
+
+import base64
+import ctypes
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+RUN, BOOT = sys.argv[1], sys.argv[2]  # the exec mode's shell prefix and boot script, from the host
+OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+
+
+def read_exact(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, n - len(buf))
+        if not chunk:
+            sys.exit(0)  # the host hung up: the container ends and is removed
+        buf += chunk
+    return buf
+
+
+def read_frame():
+    return read_exact(struct.unpack(">I", read_exact(4))[0])
+
+
+def write_frame(data):
+    frame = struct.pack(">I", len(data)) + data
+    while frame:
+        frame = frame[os.write(1, frame):]
+
+
+def oom_kills():
+    for path in OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+    return -1
+
+
+def kill_all_others():
+    """SIGKILL every process but pid 1 until none is left, reaping as they die; return survivors."""
+    for _ in range(200):
+        try:
+            os.kill(-1, 9)
+        except ProcessLookupError:
+            pass
+        reap()
+        left = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        if not left:
+            return 0
+        time.sleep(0.005)
+    return len(left)
+
+
+def reap():
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def run_job(job, payload):
+    cap = int(job["cap"])
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    start = time.monotonic()
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", RUN, f"{job['timeout']:g}s", BOOT], os.environ,
+                         file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                                       (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # Python ignores these; the run must not
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    kept = {out_r: b"", err_r: b""}
+    dropped = {out_r: 0, err_r: 0}
+    poller = select.poll()
+    for fd in (out_r, err_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    os.set_blocking(in_w, False)
+    poller.register(in_w, select.POLLOUT)
+    pending, open_fds, rc, hung = payload, {out_r, err_r, in_w}, None, False
+    deadline = start + float(job["timeout"]) + float(job["grace"])
+    while rc is None or open_fds - {in_w}:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 and rc is None and not hung:
+            hung = True  # `timeout` itself did not end it: kill the lot, then collect the status
+            kill_all_others()
+        events = poller.poll(max(remaining, 0) * 1000 if rc is None and not hung else 1000)
+        if not events and rc is not None:
+            break  # the program is gone and its heirs were killed: nothing more can arrive
+        for fd, ev in events:
+            if fd == pidfd:
+                poller.unregister(pidfd)
+                status = os.waitpid(pid, 0)[1]
+                rc = os.waitstatus_to_exitcode(status)
+                rc = 128 - rc if rc < 0 else rc
+                kill_all_others()  # daemonized heirs die with the run and close the pipes
+            elif fd == in_w:
+                try:
+                    pending = pending[os.write(in_w, pending[:65536]):]
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:  # the program exited or closed stdin: the rest is moot
+                    pending = b""
+                if not pending:
+                    poller.unregister(in_w)
+                    os.close(in_w)
+                    open_fds.discard(in_w)
+            else:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    open_fds.discard(fd)
+                    continue
+                room = cap - len(kept[fd])
+                kept[fd] += chunk[:max(room, 0)]
+                dropped[fd] += max(0, len(chunk) - max(room, 0))
+    elapsed = time.monotonic() - start
+    for fd in open_fds:
+        os.close(fd)
+    os.close(pidfd)
+    return {"rc": rc, "elapsed": elapsed, "hung": hung, "out": base64.b64encode(kept[out_r]).decode(),
+            "err": base64.b64encode(kept[err_r]).decode(), "out_dropped": dropped[out_r],
+            "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills()}
+
+
+def main():
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    write_frame(json.dumps({"ready": True, "oom_kills": oom_kills()}).encode())
+    while True:
+        job, payload = json.loads(read_frame()), read_frame()
+        write_frame(b'{"accepted": true}')  # from here on the code runs: the host must not resend it
+        write_frame(json.dumps(run_job(job, payload)).encode())
+
+
+main()
