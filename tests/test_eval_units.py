@@ -62,6 +62,9 @@ def test_summary_and_table():
     (["--data", "x.jsonl"], "name a retriever"),
     (["--data", "x.jsonl", "--corpus", "c", "--limit", "0"], "--limit must be >= 1"),
     (["--data", "x.jsonl", "--corpus", "c", "--concurrency", "0"], "--concurrency must be >= 1"),
+    (["--data", "x.jsonl", "--corpus", "c", "--engine", "vllm", "--gpu-memory-utilization", "1.5"],
+     "--gpu-memory-utilization must be in (0, 1], got 1.5"),
+    (["--data", "x.jsonl", "--corpus", "c", "--engine", "sglang"], "invalid choice: 'sglang'"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -74,3 +77,20 @@ def test_missing_dataset_file_is_a_clear_error(tmp_path, capsys):
     assert main(["--data", str(tmp_path / "missing.jsonl"), "--retriever-url", "http://127.0.0.1:9/retrieve",
                  "--out", str(tmp_path / "o")]) == 2
     assert "dataset file not found" in capsys.readouterr().err
+
+
+def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path):
+    """This machine has no vLLM: the CLI must say so (exit 2) before loading a model or a server.
+
+    A fresh interpreter, so no test's import stubs for vllm can make it look installed.
+    """
+    import subprocess
+    import sys
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": "a", "question": "Q?", "golden_answers": ["x"]}\n')
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_sgrpo.eval", "--engine", "vllm", "--data", str(data),
+                           "--retriever-url", "http://127.0.0.1:9/retrieve", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--engine vllm needs vLLM" in proc.stderr and "--engine hf" in proc.stderr

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from openrlhf_sgrpo.local.data import DataError, Question, load_flashrag_jsonl
+from openrlhf_sgrpo.local.vllm_engine import VLLMUnavailable
 
 log = logging.getLogger("openrlhf_sgrpo.eval")
 
@@ -27,7 +28,10 @@ log = logging.getLogger("openrlhf_sgrpo.eval")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openrlhf_sgrpo.eval", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | a local HF model folder")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="HF engine device (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                   help="hf: batched transformers generation (CPU or GPU); vllm: vLLM's AsyncLLMEngine (GPU)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM engine only")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
                    help="FlashRAG jsonl {id, question, golden_answers}; repeat for several datasets")
     p.add_argument("--gaia", metavar="METADATA_JSONL", help="GAIA mode: metadata.jsonl (search + code tools)")
@@ -55,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     if args.search_backend == "local" and not (args.retriever_url or args.index or args.corpus):
         p.error("name a retriever: --retriever-url URL, --index DIR or --corpus JSONL (or --search-backend web)")
     return args
@@ -106,22 +112,41 @@ def _by_level(records: list[dict], levels: dict[str, str]) -> dict[str, dict]:
     return out
 
 
+def _engine(args: argparse.Namespace):
+    """(engine with the `generate` contract, tokenizer) for --engine hf or vllm."""
+    if args.engine == "vllm":
+        from transformers import AutoTokenizer
+
+        from openrlhf_sgrpo.local.models import policy_folder
+        from openrlhf_sgrpo.local.vllm_engine import VLLMGenerationEngine, import_vllm
+
+        import_vllm()  # fail before loading or serving anything
+        folder = policy_folder(args.model)
+        return (VLLMGenerationEngine(str(folder), gpu_memory_utilization=args.gpu_memory_utilization),
+                AutoTokenizer.from_pretrained(str(folder)))
+    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+    from openrlhf_sgrpo.local.models import load_policy
+
+    model, tok = load_policy(args.model, args.device)
+    return HFGenerationEngine(model, tok, max_batch=max(args.concurrency, 1)), tok
+
+
 def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.eval.core import evaluate, summarize
     from openrlhf_sgrpo.eval.gaia import load_gaia
     from openrlhf_sgrpo.eval.table import gaia_table, qa_table
-    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
-    from openrlhf_sgrpo.local.models import load_policy
     from openrlhf_sgrpo.local.rollout import AgentRollout
 
     datasets = datasets_from_args(args)
     gaia_questions, levels = load_gaia(args.gaia) if args.gaia else ([], {})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, tok = load_policy(args.model, args.device)
-    summary: dict = {"model": args.model}
-    engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, 1))
-    with _services(args, need_sandbox=bool(gaia_questions)) as urls:
+    engine, tok = _engine(args)
+    summary: dict = {"model": args.model, "engine": args.engine}
+    with contextlib.ExitStack() as stack:
+        if hasattr(engine, "close"):  # vLLM's engine holds GPU memory and a loop thread
+            stack.callback(engine.close)
+        urls = stack.enter_context(_services(args, need_sandbox=bool(gaia_questions)))
         if datasets:
             rollout = AgentRollout(engine, tok, _agent_config(args, urls, gaia=False), args.max_len,
                                    args.max_tokens_per_turn)
@@ -152,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         run(args)
-    except (DataError, FileNotFoundError) as err:
+    except (DataError, FileNotFoundError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -8,6 +8,7 @@ load in about a second.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,12 +20,13 @@ log = logging.getLogger(__name__)
 SMOLLM2 = "smollm2"
 TINY_QWEN2 = "tiny-qwen2"
 EMBEDDED = (SMOLLM2, TINY_QWEN2)
+SMOLLM2_PLAIN = "smollm2-135m-instruct-fp32"  # the dequantized copy cached on first load
 
 
 def _smollm2():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    plain = assets.cache_dir() / "smollm2-135m-instruct-fp32"
+    plain = assets.cache_dir() / SMOLLM2_PLAIN
     if (plain / "config.json").exists():
         return (AutoModelForCausalLM.from_pretrained(str(plain), dtype=torch.float32),
                 AutoTokenizer.from_pretrained(str(plain)))
@@ -44,6 +46,14 @@ def _smollm2():
     return model, tok
 
 
+def _local_folder(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"--model {spec!r} is neither one of {EMBEDDED} nor a local model folder "
+                                f"(nothing is downloaded from the hub)")
+    return path
+
+
 def load_policy(spec: str, device: str = "cpu"):
     """(model, tokenizer) for ``smollm2``, ``tiny-qwen2`` or a local HF model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,13 +63,29 @@ def load_policy(spec: str, device: str = "cpu"):
     elif spec == TINY_QWEN2:
         model, tok = assets.tiny_qwen2()
     else:
-        path = Path(spec).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(f"--model {spec!r} is neither one of {EMBEDDED} nor a local model folder "
-                                    f"(nothing is downloaded from the hub)")
+        path = _local_folder(spec)
         tok = AutoTokenizer.from_pretrained(str(path))
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model.to(device).eval(), tok
+
+
+def policy_folder(spec: str) -> Path:
+    """A plain HF folder for ``spec`` (engines such as vLLM load from disk, not from a module).
+
+    The embedded models are saved once under ``assets.cache_dir()``; a folder is returned as is.
+    """
+    if spec not in EMBEDDED:
+        return _local_folder(spec)
+    folder = assets.cache_dir() / (SMOLLM2_PLAIN if spec == SMOLLM2 else f"{spec}-policy")
+    if not (folder / "config.json").exists():
+        model, tok = load_policy(spec)  # SmolLM2's first load writes its plain copy itself
+    if not (folder / "config.json").exists():
+        tmp = folder.with_name(folder.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)  # a save cut short last time
+        model.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        tmp.rename(folder)
+    return folder
