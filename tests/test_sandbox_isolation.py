@@ -251,3 +251,36 @@ def test_resident_container_killed_mid_run_is_reported_and_healed():
         assert backend.replaced == 1
     finally:
         backend.close()
+
+
+@pytest.mark.docker
+def test_resident_containers_vanish_when_the_service_is_killed():
+    """SIGKILL the service: each runner sees its stdin close, exits, and auto_remove deletes it."""
+    import subprocess
+    import sys
+    import time
+
+    from sandbox.backends.docker_pool import LABEL, docker_client
+
+    try:
+        client = docker_client()
+        client.ping()
+    except Exception as err:  # same skip rule as the suite's fixture
+        pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
+    script = ("import sys, time\nfrom sandbox.backends.docker_pool import DockerBackend\n"
+              "b = DockerBackend(pool_size=2, mode='resident')\nprint(b.service_id, flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        service_id = proc.stdout.readline().strip()
+        assert service_id, "the backend did not start"
+        label = {"label": f"{LABEL}={service_id}"}
+        assert len(client.containers.list(all=True, filters=label)) == 2
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while client.containers.list(all=True, filters=label):
+            assert time.monotonic() < deadline, "containers outlived their killed service"
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        client.close()

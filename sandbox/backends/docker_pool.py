@@ -176,7 +176,9 @@ class DockerBackend(Backend):
 
     def _new_box(self) -> _Box:
         if self.mode == "resident":
-            c = self.client.containers.create(stdin_open=True, **self._container_kwargs(
+            # the runner exits when its stdin closes, i.e. when this service goes away, even by
+            # SIGKILL; auto_remove then leaves no stopped container behind
+            c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
                 self.memory_mb, ["python3", "-E", "-s", "-c", RUNNER, RUN, BOOT]))
         else:
             c = self.client.containers.create(**self._container_kwargs(
