@@ -11,6 +11,7 @@ on a process group misses `setsid` escapees; a cgroup sees every descendant.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import queue
 import signal
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 
 KILL_DEADLINE_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 def _read(path: str) -> str:
@@ -219,17 +222,69 @@ def _v2_parent(mounts: list[tuple[str, str, set[str]]], leaf: str) -> str:
     raise OSError("no cgroup v2 hierarchy with memory and pids controllers")
 
 
+LEAF_PREFIX = "sgrpo-sandbox-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(version: int, parents: dict[str, str]) -> list[str]:
+    """Remove the slot trees of services that died without cleaning up (SIGKILL, OOM, power).
+
+    Sibling `sgrpo-sandbox-<pid>` dirs whose pid is gone are emptied (kill what is left) and
+    removed; returns the parents removed. A live pid, even a reused one, is left alone.
+    """
+    removed = []
+    owners: dict[int, dict[str, str]] = {}
+    for ctrl, parent in parents.items():
+        base = os.path.dirname(parent)
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(LEAF_PREFIX):]
+            if name.startswith(LEAF_PREFIX) and pid.isdigit() and os.path.join(base, name) != parent:
+                owners.setdefault(int(pid), {})[ctrl] = os.path.join(base, name)
+    for pid, dead in owners.items():
+        if _pid_alive(pid):
+            continue
+        try:
+            slots = sorted({n for d in dead.values() for n in os.listdir(d) if os.path.isdir(os.path.join(d, n))})
+            for name in slots:
+                Slot(version, {c: os.path.join(d, name) for c, d in dead.items()
+                               if os.path.isdir(os.path.join(d, name))}).remove()
+            for d in dead.values():
+                os.rmdir(d)
+                removed.append(d)
+        except (OSError, RuntimeError) as err:  # never a reason to refuse to start
+            log.warning("could not remove the stale sandbox cgroups of pid %d: %s", pid, err)
+    return removed
+
+
 def create_pool(size: int) -> CgroupPool:
-    """Prefer cgroup v2 when its memory+pids controllers are usable, else v1; raise OSError if neither."""
+    """Prefer cgroup v2 when its memory+pids controllers are usable, else v1; raise OSError if neither.
+
+    Slot trees left by dead services are swept first, so crashes do not pile up cgroups."""
     mounts, own = _mounts(), _own_paths()
-    leaf = f"sgrpo-sandbox-{os.getpid()}"
+    leaf = f"{LEAF_PREFIX}{os.getpid()}"
     errors = []
     try:
-        return CgroupPool(size, 2, {"": _v2_parent(mounts, leaf)})
+        parents = {"": _v2_parent(mounts, leaf)}
+        sweep_stale(2, parents)
+        return CgroupPool(size, 2, parents)
     except OSError as err:
         errors.append(f"v2: {err}")
     try:
         parents = {c: _v1_parent(mounts, c, own, leaf) for c in ("memory", "pids")}
+        sweep_stale(1, parents)
         return CgroupPool(size, 1, parents)
     except OSError as err:
         errors.append(f"v1: {err}")

@@ -176,6 +176,36 @@ def test_leak_loop_500_runs_leaves_nothing():
     assert isinstance(backend, LocalBackend) and marked_processes(marker) == []
 
 
+def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
+    """A service SIGKILLed mid-run leaves its slot cgroups; the next one to start removes them."""
+    import subprocess
+    import sys
+    import time
+
+    from sandbox.backends.local import leftover_cgroups
+
+    script = ("import threading, time\nfrom sandbox.backends.local import LocalBackend\n"
+              "from sandbox.api import parse_run_request\nb = LocalBackend(pool_size=2)\n"
+              "threading.Thread(target=b.run, args=(parse_run_request({'code': 'import time; time.sleep(60)'}), 64),"
+              " daemon=True).start()\nprint('up', flush=True)\ntime.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        mine = f"sgrpo-sandbox-{proc.pid}"
+        time.sleep(1)  # let the run start inside a slot
+        proc.kill()
+        proc.wait(timeout=30)
+        assert any(p.endswith(mine) for p in leftover_cgroups()), "the killed service left no cgroups to sweep"
+        fresh = _make_local()
+        try:
+            assert not any(p.endswith(mine) for p in leftover_cgroups())
+            assert run(fresh, "print('ok')").stdout == "ok\n"
+        finally:
+            fresh.close()
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("mode", DOCKER_MODES)
 def test_docker_leak_loop_and_healing(mode):
     """500 warm-pool runs, a container killed from outside (the pool heals), then zero containers."""

@@ -20,7 +20,7 @@ import threading
 import time
 
 from ..api import (RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest)
-from ..cgroups import CgroupPool, Slot, create_pool
+from ..cgroups import LEAF_PREFIX, CgroupPool, Slot, create_pool
 from ..probe import run_probe
 from .base import Backend, Guarantees
 from .pump import pump
@@ -217,8 +217,8 @@ def leftover_cgroups() -> list[str]:
     found = []
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
         for d in dirs:
-            if d.startswith("sgrpo-sandbox-"):
+            if d.startswith(LEAF_PREFIX):
                 found.append(os.path.join(root, d))
-        dirs[:] = [d for d in dirs if not d.startswith("sgrpo-sandbox-")]
+        dirs[:] = [d for d in dirs if not d.startswith(LEAF_PREFIX)]
     return found
 
