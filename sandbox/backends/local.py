@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 
-from ..api import (RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest)
+from ..api import RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest
 from ..cgroups import LEAF_PREFIX, CgroupPool, Slot, create_pool
 from ..probe import run_probe
 from .base import Backend, Guarantees
