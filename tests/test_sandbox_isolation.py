@@ -283,9 +283,9 @@ def test_resident_container_killed_mid_run_is_reported_and_healed():
         backend.close()
 
 
-@pytest.mark.docker
-def test_resident_containers_vanish_when_the_service_is_killed():
-    """SIGKILL the service: each runner sees its stdin close, exits, and auto_remove deletes it."""
+@pytest.mark.parametrize("mode", DOCKER_MODES)
+def test_pool_containers_vanish_when_the_service_is_killed(mode):
+    """SIGKILL the service: each pid 1 sees its stdin close, exits, and auto_remove deletes it."""
     import subprocess
     import sys
     import time
@@ -298,7 +298,7 @@ def test_resident_containers_vanish_when_the_service_is_killed():
     except Exception as err:  # same skip rule as the suite's fixture
         pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
     script = ("import sys, time\nfrom sandbox.backends.docker_pool import DockerBackend\n"
-              "b = DockerBackend(pool_size=2, mode='resident')\nprint(b.service_id, flush=True)\ntime.sleep(600)\n")
+              f"b = DockerBackend(pool_size=2, mode={mode!r})\nprint(b.service_id, flush=True)\ntime.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         service_id = proc.stdout.readline().strip()

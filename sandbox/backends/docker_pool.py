@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -49,8 +50,10 @@ ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0
 GRACE_S = 5.0
 LABEL = "sgrpo-sandbox"
 
-# pid 1 of a warm container: reaps orphans (SIGKILL from inside the pid ns cannot touch pid 1).
-REAPER = ("import os, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\nwhile True:\n"
+# pid 1 of a warm container: reaps orphans (SIGKILL from inside the pid ns cannot touch pid 1),
+# and exits when its stdin, held by the service, closes: a killed service leaves no container.
+REAPER = ("import os, signal, threading\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\n"
+          "threading.Thread(target=lambda: (os.read(0, 1), os._exit(0)), daemon=True).start()\nwhile True:\n"
           "    signal.sigwait([signal.SIGCHLD])\n    try:\n        while os.waitpid(-1, os.WNOHANG)[0]: pass\n"
           "    except ChildProcessError: pass\n")
 # Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program), writes
@@ -136,7 +139,8 @@ class _Box:
     oom_kills: int = 0  # the container cgroup's oom_kill counter after the last cleanup
     init_pid: int = 0  # host pid of the reaper or resident runner (pid 1 inside)
     cgroup: Slot | None = None  # the container's cgroups as seen from this host, when visible
-    channel: ResidentChannel | None = None  # resident mode: the runner's attached stdin/stdout
+    lifeline: socket.socket | None = None  # pid 1's attached stdin: closing it ends the container
+    channel: ResidentChannel | None = None  # resident mode: the runner's stdin/stdout, on the lifeline
 
 
 class DockerBackend(Backend):
@@ -175,21 +179,21 @@ class DockerBackend(Backend):
         return dict(image=self.image, command=command, **self._container_config(), **self._host_config(memory_mb))
 
     def _new_box(self) -> _Box:
-        if self.mode == "resident":
-            # the runner exits when its stdin closes, i.e. when this service goes away, even by
-            # SIGKILL; auto_remove then leaves no stopped container behind
-            c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
-                self.memory_mb, ["python3", "-E", "-s", "-c", RUNNER, RUN, BOOT]))
-        else:
-            c = self.client.containers.create(**self._container_kwargs(
-                self.memory_mb, ["python3", "-E", "-s", "-c", REAPER]))
+        # pid 1 (runner or reaper) exits when the stdin this service holds closes, i.e. when the
+        # service goes away, even by SIGKILL; auto_remove then leaves no stopped container behind
+        pid1 = [RUNNER, RUN, BOOT] if self.mode == "resident" else [REAPER]
+        c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
+            self.memory_mb, ["python3", "-E", "-s", "-c", *pid1]))
         with self._lock:
             self._boxes.add(c.id)
         box = _Box(c, self.memory_mb)
         try:
-            if self.mode == "resident":  # attach before start so no byte of the runner is missed
-                sock = c.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-                box.channel = ResidentChannel(getattr(sock, "_sock", sock), c.short_id)
+            # attach before start, so no byte of the runner is missed
+            streams = {"stdout": 1, "stderr": 1} if self.mode == "resident" else {}
+            sock = c.attach_socket(params={"stdin": 1, "stream": 1, **streams})
+            box.lifeline = getattr(sock, "_sock", sock)
+            if self.mode == "resident":
+                box.channel = ResidentChannel(box.lifeline, c.short_id)
             c.start()
             if box.channel is not None:
                 box.oom_kills = max(int(box.channel.receive(time.monotonic() + 60)["oom_kills"]), 0)
@@ -202,8 +206,11 @@ class DockerBackend(Backend):
         return box
 
     def _discard(self, box: _Box) -> None:
-        if box.channel is not None:
-            box.channel.close()
+        if box.lifeline is not None:
+            try:
+                box.lifeline.close()
+            except OSError:
+                pass
         with self._lock:
             self._boxes.discard(box.container.id)
         try:

@@ -127,9 +127,3 @@ class ResidentChannel:
             return self.receive(deadline)
         except ChannelError as err:
             raise ChannelError(str(err), started=True) from err
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:
-            pass
