@@ -23,10 +23,14 @@ def test_smoke_demo_writes_report_and_resumes(tmp_path, capsys):
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2]
     assert len(read_metrics(out / "metrics.jsonl", "eval_before")) == 1
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
-    assert sorted({p["dataset"] for p in preds}) == ["after", "before"] and len(preds) == 8
+    assert sorted({p["dataset"] for p in preds}) == ["after", "before", "warmup"] and len(preds) == 12
+    assert "after warm-up" in text and "after RL" in text
+    assert len(read_metrics(out / "metrics.jsonl", "eval_warmup")) == 1
 
     assert main(["--smoke", "--out", str(out), "--resume", "--steps", "3"]) == 0
-    assert "resumed at step 2" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "resumed at step 2" in text and "after warm-up" in text  # the recorded warm-up column is reused
+    assert len(read_metrics(out / "metrics.jsonl", "eval_warmup")) == 1  # and not re-evaluated
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2, 3]
 
 

@@ -8,6 +8,7 @@ Stages (each shows progress):
   4. eval     held-out, greedy, before training;
   5. warm-up  a few supervised steps on the action format (train questions): SmolLM2-135M
               answers in prose and never writes the tags on its own (see local/warmup.py);
+              held-out is evaluated again, so the table tells the warm-up's gain from RL's;
   6. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
   7. eval     held-out again; print the table, write ``report.png`` and ``metrics.jsonl``.
 Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
@@ -127,8 +128,10 @@ def _index(args, corpus, index):
     return Path(index) if index else cached_index_for(corpus)
 
 
-def _warmup(args, model, tok, train, out: Path, logger) -> None:
-    """Cold start on the action format, once per run (a checkpoint's weights already have it)."""
+def _warmup(args, model, tok, train, out: Path, logger) -> bool:
+    """Cold start on the action format, once per run (a checkpoint's weights already have it).
+
+    Returns whether it ran in this process."""
     from agent_env.templates import build_prompt
     from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
     from openrlhf_sgrpo.local.models import TINY_QWEN2
@@ -136,7 +139,7 @@ def _warmup(args, model, tok, train, out: Path, logger) -> None:
 
     if args.warmup_steps == 0 or latest_checkpoint(out / "checkpoints") is not None:
         print("skipped" if args.warmup_steps == 0 else "skipped: resuming from a checkpoint that includes it")
-        return
+        return False
     if args.model == TINY_QWEN2:
         pairs = action_format_pairs(train[:64])
     else:
@@ -146,6 +149,21 @@ def _warmup(args, model, tok, train, out: Path, logger) -> None:
                          batch_size=args.warmup_batch,
                          seed=args.seed, progress=True)
     logger.log(0, {"steps": args.warmup_steps, "final_loss": loss, "pairs": len(pairs)}, phase="warmup")
+    return True
+
+
+def _eval_after_warmup(args, ran: bool, rollout, held, predictions: Path, logger) -> dict | None:
+    """Held-out right after the warm-up. On a resume past it, only its recorded evaluation is
+    reused (the weights now include RL steps, so evaluating them would mislabel the column)."""
+    from openrlhf_sgrpo.eval.core import evaluate, read_records, summarize
+
+    if ran:
+        warm = summarize(evaluate(rollout, "warmup", held, predictions, args.concurrency))
+        logger.log(0, warm, phase="eval_warmup")
+        return warm
+    ids = {q.qid for q in held}
+    recorded = [r for r in read_records(predictions) if r.get("dataset") == "warmup" and r["id"] in ids]
+    return summarize(recorded) if args.warmup_steps and len(recorded) == len(ids) else None
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -192,7 +210,8 @@ def run(args: argparse.Namespace) -> dict:
             before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency))
             logger.log(0, before, phase="eval_before")
             _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0)
-            _warmup(args, model, tok, train, out, logger)
+            ran = _warmup(args, model, tok, train, out, logger)
+            warm = _eval_after_warmup(args, ran, rollout, held, out / "eval_predictions.jsonl", logger)
             _stage(6, f"train {args.steps} steps of {args.estimator}", t0)
             tcfg = TrainConfig(
                 steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
@@ -212,10 +231,10 @@ def run(args: argparse.Namespace) -> dict:
             logger.close()
     records = read_metrics(out / "metrics.jsonl", "train")
     plot_report(records, out / "report.png")
-    print("\n" + before_after_table(before, after))
+    print("\n" + before_after_table(before, after, warm))
     print("\n" + steps_table(records))
     print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'} (total {time.monotonic() - t0:.0f} s)")
-    return {"before": before, "after": after, "steps": records}
+    return {"before": before, "after_warmup": warm, "after": after, "steps": records}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,10 +11,13 @@ PLOTS = (("reward", "reward (mean of samples)"), ("search_calls", "search calls 
          ("sgrpo/in_stratum_var_adv", "in-stratum advantage variance"))
 
 
-def before_after_table(before: dict, after: dict) -> str:
-    rows = [[name, before[key], after[key]] for name, key in
+def before_after_table(before: dict, after: dict, after_warmup: dict | None = None) -> str:
+    """Held-out metrics before training, after the format warm-up (when known), and after RL."""
+    columns = [before, after] if after_warmup is None else [before, after_warmup, after]
+    heads = ["before", "after"] if after_warmup is None else ["before", "after warm-up", "after RL"]
+    rows = [[name, *(c[key] for c in columns)] for name, key in
             (("EM", "em"), ("F1", "f1"), ("search calls / question", "search_calls"), ("answered", "answered"))]
-    return format_table(["held-out metric", "before", "after"], rows)
+    return format_table(["held-out metric", *heads], rows)
 
 
 def steps_table(records: list[dict]) -> str:
