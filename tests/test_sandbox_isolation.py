@@ -314,3 +314,29 @@ def test_pool_containers_vanish_when_the_service_is_killed(mode):
     finally:
         proc.kill()
         client.close()
+
+
+@pytest.mark.docker
+def test_resident_runner_own_deadline_kills_a_hung_run():
+    """If `timeout` has not ended the run by the runner's own deadline, the runner kills it all."""
+    import time
+
+    from sandbox.backends.docker_pool import DockerBackend, _payload
+
+    try:
+        backend = DockerBackend(pool_size=1, mode="resident")
+    except Exception as err:  # same skip rule as the suite's fixture
+        pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
+    try:
+        box = backend._free.get()
+        request = parse_run_request({"code": "import time; time.sleep(30)"})
+        # the runner's deadline is timeout + grace: a negative grace makes it fire before `timeout -s KILL 20`
+        start = time.monotonic()
+        reply = box.channel.call({"timeout": 20, "grace": -19, "cap": 64}, _payload(request), start + 30)
+        assert reply["hung"] and reply["rc"] == 137 and reply["procs_left"] == 0, reply
+        assert time.monotonic() - start < 10
+        backend._free.put(box)
+        assert run(backend, "print('after')").stdout == "after\n"  # the same runner goes on
+        assert backend.replaced == 0
+    finally:
+        backend.close()

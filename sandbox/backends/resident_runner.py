@@ -120,9 +120,11 @@ def run_job(job, payload):
         for fd, ev in events:
             if fd == pidfd:
                 poller.unregister(pidfd)
-                status = os.waitpid(pid, 0)[1]
-                rc = os.waitstatus_to_exitcode(status)
-                rc = 128 - rc if rc < 0 else rc
+                try:
+                    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                    rc = 128 - rc if rc < 0 else rc
+                except ChildProcessError:  # already reaped by the kill after a hang
+                    rc = 137
                 kill_all_others()  # daemonized heirs die with the run and close the pipes
             elif fd == in_w:
                 try:
