@@ -224,7 +224,7 @@ def test_docker_leak_loop_and_healing(mode):
 
     client = docker_client()
     try:
-        assert client.containers.list(all=True, filters={"label": f"{LABEL}={backend.service_id}"}) == []
+        assert client.api.containers(all=True, filters={"label": f"{LABEL}={backend.service_id}"}) == []
     finally:
         client.close()
 
@@ -304,11 +304,12 @@ def test_pool_containers_vanish_when_the_service_is_killed(mode):
         service_id = proc.stdout.readline().strip()
         assert service_id, "the backend did not start"
         label = {"label": f"{LABEL}={service_id}"}
-        assert len(client.containers.list(all=True, filters=label)) == 2
+        # the low-level list: the high-level one inspects each id and races the removal we wait for
+        assert len(client.api.containers(all=True, filters=label)) == 2
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 60
-        while client.containers.list(all=True, filters=label):
+        while client.api.containers(all=True, filters=label):
             assert time.monotonic() < deadline, "containers outlived their killed service"
             time.sleep(0.5)
     finally:

@@ -415,14 +415,18 @@ class DockerBackend(Backend):
                 "docker_recycled_total": float(self.recycled), "docker_replaced_total": float(self.replaced)}
 
     def live_containers(self) -> list[str]:
-        """Ids of containers labelled with this service (tests prove cleanup with it)."""
-        return [c.id for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.service_id}"})]
+        """Ids of containers labelled with this service (tests prove cleanup with it).
+
+        The low-level list: the high-level one inspects every id, and a container that
+        auto-removes in between would make it raise NotFound."""
+        found = self.client.api.containers(all=True, filters={"label": f"{LABEL}={self.service_id}"})
+        return [c["Id"] for c in found]
 
     def close(self) -> None:
         self.closed = True
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.service_id}"}):
+        for cid in self.live_containers():
             try:
-                c.remove(force=True)
+                self.client.api.remove_container(cid, force=True)
             except (NotFound, APIError):
                 pass
         with self._lock:
