@@ -32,15 +32,20 @@ def _make_local():
     return backend
 
 
-def _make_docker(mode: str = "warm"):
+def _docker_backend(mode: str = "warm", pool_size: int = POOL):
+    """A Docker pool, or a skip with the printed reason when no engine or image is there."""
     try:
         from sandbox.backends.docker_pool import DockerBackend, docker_host
 
-        backend = DockerBackend(pool_size=POOL, mode=mode)
+        return DockerBackend(pool_size=pool_size, mode=mode)
     except Exception as err:  # engine down, socket missing, image not built
         reason = f"Docker unavailable (DOCKER_HOST={docker_host()!r}): {type(err).__name__}: {err}"
         print(reason)
         pytest.skip(reason)
+
+
+def _make_docker(mode: str = "warm"):
+    backend = _docker_backend(mode)
     missing = backend.probe().missing
     if missing:
         backend.close()
@@ -255,12 +260,7 @@ def test_resident_container_killed_mid_run_is_reported_and_healed():
     import threading
     import time
 
-    from sandbox.backends.docker_pool import DockerBackend
-
-    try:
-        backend = DockerBackend(pool_size=1, mode="resident")
-    except Exception as err:  # same skip rule as the suite's fixture
-        pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
+    backend = _docker_backend("resident", pool_size=1)
     try:
         victim = backend._free.queue[0].container
         marker = f"sgrpo-victim-{uuid.uuid4().hex}"
@@ -322,12 +322,9 @@ def test_resident_runner_own_deadline_kills_a_hung_run():
     """If `timeout` has not ended the run by the runner's own deadline, the runner kills it all."""
     import time
 
-    from sandbox.backends.docker_pool import DockerBackend, _payload
+    from sandbox.backends.docker_pool import _payload
 
-    try:
-        backend = DockerBackend(pool_size=1, mode="resident")
-    except Exception as err:  # same skip rule as the suite's fixture
-        pytest.skip(f"Docker unavailable: {type(err).__name__}: {err}")
+    backend = _docker_backend("resident", pool_size=1)
     try:
         box = backend._free.get()
         request = parse_run_request({"code": "import time; time.sleep(30)"})
