@@ -33,6 +33,7 @@ def main() -> int:
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--max-tokens-per-turn", type=int, default=16)
+    p.add_argument("--device", default="cpu", help="policy device (cpu, cuda, ...)")
     args = p.parse_args()
 
     from agent_env.config import AgentConfig
@@ -52,7 +53,7 @@ def main() -> int:
     train = [s.as_question() for s in split(subs, 4)[0][:32]]
     corpus = write_corpus(extracts, {s.evidence_title for s in subs[:40]}, 40)
     index = cached_index_for(corpus, progress=False)
-    model, tok = load_policy(args.model)
+    model, tok = load_policy(args.model, args.device)
     if args.model == TINY_QWEN2:
         format_warmup(model, tok, train)
     rows = []

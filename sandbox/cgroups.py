@@ -17,6 +17,7 @@ import queue
 import signal
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 KILL_DEADLINE_S = 5.0
 
@@ -133,6 +134,20 @@ class Slot:
 
     def pids(self) -> list[int]:
         return sorted({p for f in self.attach_files for p in _pids_in(f)})
+
+    def charged_pids(self) -> int:
+        """`pids.current`: live tasks *and* unreaped zombies, which `cgroup.procs` no longer lists."""
+        return int(_read(os.path.join(self._pids(), "pids.current")))
+
+    def wait_uncharged(self, reap: Callable[[], int], timeout: float = KILL_DEADLINE_S) -> bool:
+        """Reap until the pids controller charges nothing here, so the next run gets all of `pids.max`."""
+        deadline = time.monotonic() + timeout
+        while self.charged_pids() > 0:
+            if reap() == 0:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.0005)
+        return True
 
     def kill_all(self, keep: frozenset[int] = frozenset()) -> int:
         """Kill every process in the slot (setsid escapees included) except the pids in `keep`."""

@@ -211,6 +211,39 @@ def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
         proc.kill()
 
 
+NON_REAPING_PARENT = """
+import ctypes, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come here...
+sys.exit(subprocess.call(sys.argv[1:]))  # ...and are never reaped, like a container's bare pid 1
+"""
+
+
+def test_runs_survive_a_pid_1_that_never_reaps():
+    """More runs on one slot than `pids.max` allows zombies, under an ancestor that never reaps.
+
+    bwrap's sandbox init is orphaned at every run; without the service reaping it (a child
+    subreaper), each run leaves a zombie charged to the slot and run 65 cannot fork.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from sandbox.backends.local import PIDS_MAX
+
+    runs = PIDS_MAX + 16
+    script = ("import collections, json\nfrom sandbox.backends.local import LocalBackend\n"
+              "from sandbox.api import parse_run_request\nb = LocalBackend(pool_size=1)\n"
+              f"rs = [b.run(parse_run_request({{'code': 'print(7)'}}), 64) for _ in range({runs})]\n"
+              "print(json.dumps([collections.Counter((r.status, r.stdout, r.sandbox_error) for r in rs).most_common(),"
+              " b.reaper.reaped]))\nb.close()\n")
+    out = subprocess.run([sys.executable, "-c", NON_REAPING_PARENT, sys.executable, "-c", script],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    outcomes, reaped = json.loads(out.stdout.strip().splitlines()[-1])
+    assert outcomes == [[["Finished", "7\n", None], runs]]
+    assert reaped >= runs
+
+
 @pytest.mark.parametrize("mode", DOCKER_MODES)
 def test_docker_leak_loop_and_healing(mode):
     """500 warm-pool runs, a container killed from outside (the pool heals), then zero containers."""

@@ -67,11 +67,13 @@ def format_warmup(model, tokenizer, questions: list[Question], steps: int = 60, 
     rng = random.Random(seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    device = next(model.parameters()).device
     model.train()
     loss = torch.tensor(float("nan"))
     bar = tqdm(range(steps), desc="format warm-up", unit="step", disable=not progress, dynamic_ncols=True)
     for _ in bar:
-        ids, mask, labels = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
+        batch = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
+        ids, mask, labels = (t.to(device) for t in batch)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         opt.step()

@@ -22,6 +22,7 @@ import time
 from ..api import RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest
 from ..cgroups import LEAF_PREFIX, CgroupPool, Slot, create_pool
 from ..probe import run_probe
+from ..reaper import OrphanReaper
 from .base import Backend, Guarantees
 from .pump import pump
 
@@ -31,6 +32,7 @@ SANDBOX_UID = 65534
 WORKDIR = "/work"
 WORKDIR_BYTES = 64 << 20
 PIDS_MAX = 64
+SETTLE_S = 0.5  # how long a finished run's orphaned sandbox init may take to exit and be reaped
 NOFILE = 256
 FSIZE_BYTES = 64 << 20
 PYTHON = "/usr/bin/python3"
@@ -69,6 +71,7 @@ class LocalBackend(Backend):
             self._pool_error = str(err)
             log.warning("no cgroup pool: %s", err)
         self._guarantees: Guarantees | None = None
+        self.reaper = OrphanReaper()
 
     # ---- command construction -------------------------------------------------------------
     def _bwrap_args(self, fd_map: list[tuple[int, str]], dirs: list[str]) -> list[str]:
@@ -145,7 +148,7 @@ class LocalBackend(Backend):
         cmd = ["/bin/sh", "-c", self._launcher(slot, request.run_timeout), "sandbox-launch",
                *self._bwrap_args(fd_map, dirs)]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = self.reaper.spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=[fd for fd, _ in fd_map], start_new_session=True,
                                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         try:
@@ -158,7 +161,9 @@ class LocalBackend(Backend):
             except ProcessLookupError:
                 pass
             rc = proc.wait()
+            self.reaper.forget(proc.pid)
         elapsed = time.monotonic() - start
+        self._settle(slot)
         if captured.stderr.startswith(("sandbox-launch:", "bwrap:", "setpriv:")):  # never user output
             return ExecResult(RUN_ERROR, rc, "", "", elapsed, sandbox_error=captured.stderr.strip()[:2000])
         status = RUN_FINISHED
@@ -170,6 +175,13 @@ class LocalBackend(Backend):
         elif rc < 0 or rc > 128:
             status = RUN_ERROR
         return ExecResult(status, rc, captured.stdout, captured.stderr, elapsed)
+
+    def _settle(self, slot: Slot | None) -> None:
+        """Reap this run's orphaned sandbox init (see sandbox/reaper.py) before the slot is reused."""
+        if slot is None or not self.reaper.enabled:
+            self.reaper.reap()
+        elif not slot.wait_uncharged(self.reaper.reap, SETTLE_S):
+            log.warning("slot %s still charges %d pids after the run", slot.dirs, slot.charged_pids())
 
     # ---- start-up probe ---------------------------------------------------------------------
     def probe(self) -> Guarantees:
