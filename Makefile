@@ -19,12 +19,15 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 install: $(STAMP) system-deps
 
-# bubblewrap isolates the local sandbox backend; installed when we are root, else we say how.
+# bubblewrap isolates the local sandbox backend, and a C compiler builds its static launcher
+# (sandbox/launcher); installed when we are root, else we say how.
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap \
-	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
-	  else echo "note: install bubblewrap (apt-get install bubblewrap) for the local sandbox backend"; fi; }
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
+	command -v cc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
+	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }; \
+	  else echo "note: install$$missing (apt-get install$$missing) for the local sandbox backend"; fi; fi
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

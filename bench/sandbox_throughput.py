@@ -10,13 +10,14 @@ run). Prints a table and the ratios warm/cold and local-vs-goal, all measured in
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-import requests
 from tqdm import tqdm
+
+from agent_env.tools.http import HttpPolicy, JsonHttp
+from agent_env.tools.sandbox import SandboxClient
 
 from sandbox.testing import RunningSandbox
 
@@ -25,24 +26,34 @@ LOCAL_GOAL_16 = 60.0
 
 
 def measure(url: str, clients: int, runs: int) -> float:
-    """Executions/s for `runs` requests from `clients` threads, each keeping its connection alive
-    (as the agent's pooled tool client does)."""
-    local = threading.local()
+    """Executions/s for `runs` requests with `clients` in flight, sent the way rollouts send them:
+    through the agent's own pooled async tool client (agent_env.tools.SandboxClient)."""
 
-    def one(_: int) -> bool:
-        if not hasattr(local, "session"):
-            local.session = requests.Session()
-        body = local.session.post(f"{url}/run_code", json=BODY, timeout=120).json()
-        return body.get("run_result", {}).get("stdout") == "1\n"
+    async def go() -> float:
+        http = JsonHttp(HttpPolicy(max_connections=clients))
+        client = SandboxClient(f"{url}/run_code", http)
+        gate = asyncio.Semaphore(clients)
 
-    with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, range(clients)))  # warm-up: one per client
-        start = time.perf_counter()
-        ok = list(tqdm(pool.map(one, range(runs)), total=runs, desc=f"{clients} clients", leave=False))
-        elapsed = time.perf_counter() - start
-    if not all(ok):
-        raise RuntimeError(f"{ok.count(False)} of {runs} runs did not print 1")
-    return runs / elapsed
+        async def one(bar: tqdm | None = None) -> bool:
+            async with gate:
+                out = await client.run(BODY["code"])
+            if bar is not None:
+                bar.update(1)
+            return out == "1\n"
+
+        try:
+            await asyncio.gather(*(one() for _ in range(clients)))  # warm-up: open every connection
+            with tqdm(total=runs, desc=f"{clients} clients", leave=False) as bar:
+                start = time.perf_counter()
+                ok = await asyncio.gather(*(one(bar) for _ in range(runs)))
+                elapsed = time.perf_counter() - start
+        finally:
+            await http.close()
+        if not all(ok):
+            raise RuntimeError(f"{ok.count(False)} of {runs} runs did not print 1")
+        return runs / elapsed
+
+    return asyncio.run(go())
 
 
 def bench(name: str, backend: str, extra: list[str], clients: list[int], runs: int, conc: int) -> dict[int, float]:

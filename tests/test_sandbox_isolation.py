@@ -21,10 +21,13 @@ POOL = 4
 CAP = 4096
 
 
-def _make_local():
+def _make_local(launcher: str = "auto"):
     from sandbox.backends.local import LocalBackend
 
-    backend = LocalBackend(pool_size=POOL)
+    backend = LocalBackend(pool_size=POOL, launcher=launcher)
+    if launcher == "auto" and backend.launch is None:
+        backend.close()
+        pytest.fail("sgrpo-launch could not be built (no C compiler?): the suite would test the shell path twice")
     missing = backend.probe().missing
     if missing:
         backend.close()
@@ -56,10 +59,12 @@ def _make_docker(mode: str = "warm"):
 DOCKER_MODES = [pytest.param(m, marks=pytest.mark.docker) for m in ("warm", "resident")]
 
 
-@pytest.fixture(scope="module", params=["local", *[pytest.param(f"docker-{m.values[0]}", marks=m.marks)
-                                                  for m in DOCKER_MODES]])
+@pytest.fixture(scope="module", params=["local", "local-shell",
+                                        *[pytest.param(f"docker-{m.values[0]}", marks=m.marks) for m in DOCKER_MODES]])
 def backend(request):
-    b = _make_local() if request.param == "local" else _make_docker(request.param.split("-", 1)[1])
+    """The local backend with its static launcher and with its shell fallback, and both Docker modes."""
+    kind, _, mode = request.param.partition("-")
+    b = _make_local("shell" if mode == "shell" else "auto") if kind == "local" else _make_docker(mode)
     yield b
     b.close()
 
