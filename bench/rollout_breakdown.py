@@ -34,6 +34,9 @@ def main() -> int:
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--max-tokens-per-turn", type=int, default=16)
     p.add_argument("--device", default="cpu", help="policy device (cpu, cuda, ...)")
+    p.add_argument("--warmup", default="mixed", choices=("mixed", "search"),
+                   help="tiny Qwen2's format warm-up: searches and answers (mixed), or searches only, "
+                        "a tool-heavy policy like a search agent's (search)")
     args = p.parse_args()
 
     from agent_env.config import AgentConfig
@@ -46,7 +49,7 @@ def main() -> int:
     from openrlhf_sgrpo.local.rollout import AgentRollout
     from openrlhf_sgrpo.local.services import cached_index_for, local_services
     from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
-    from openrlhf_sgrpo.local.warmup import format_warmup
+    from openrlhf_sgrpo.local.warmup import action_format_pairs, format_warmup
 
     extracts = load_extracts(assets.wiki_extracts_json())
     subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)
@@ -55,7 +58,10 @@ def main() -> int:
     index = cached_index_for(corpus, progress=False)
     model, tok = load_policy(args.model, args.device)
     if args.model == TINY_QWEN2:
-        format_warmup(model, tok, train)
+        pairs = action_format_pairs(train)
+        if args.warmup == "search":
+            pairs = [(q, a) for q, a in pairs if "<search>" in a]
+        format_warmup(model, tok, train, pairs=pairs)
     rows = []
     with local_services(index) as urls, tempfile.TemporaryDirectory() as tmp:
         cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,

@@ -88,3 +88,39 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
     assert [r["step"] for r in records2] == [3]
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_run_each_refills_its_window_instead_of_waiting_for_a_chunk(world):
+    """The evaluation scheduler: at most `concurrency` trajectories in flight, and a slow one does
+    not hold back the others (a chunked loop would wait for it before starting question 3)."""
+    import asyncio
+
+    train, urls = world
+    model, tok = assets.tiny_qwen2(seed=2)
+    cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template="none",
+                      max_turns=2, max_obs_tokens=48, reward="f1")
+    rollout = AgentRollout(HFGenerationEngine(model, tok, seed=1), tok, cfg, max_len=192, max_tokens_per_turn=8)
+    real, live = rollout._execute, {"now": 0, "max": 0}
+
+    async def observed(prompt, label, greedy):
+        live["now"] += 1
+        live["max"] = max(live["max"], live["now"])
+        try:
+            if prompt == train[0].question:
+                await asyncio.sleep(3.0)  # the slow question
+            return await real(prompt, label, greedy)
+        finally:
+            live["now"] -= 1
+
+    rollout._execute = observed
+    order: list[int] = []
+    try:
+        qs = train[:6]
+        timing = rollout.run_each([q.question for q in qs], [q.golds for q in qs], 2,
+                                  lambda i, sample: order.append(i) if sample.info else None, progress=False)
+    finally:
+        rollout.close()
+    assert sorted(order) == list(range(6))
+    assert live["max"] == 2
+    assert order[-1] == 0, f"the slow question held the others back: {order}"
+    assert timing["time/generate_busy_s"] > 0

@@ -1,9 +1,10 @@
 """Run questions through the agent greedily, append one JSON line per question, skip finished ids.
 
-Questions go to the rollout in chunks of ``concurrency``, all in flight at once (the engine
-batches their turns, the tool clients batch their calls). Each finished chunk is appended to
-``predictions.jsonl`` before the next starts, so an interrupted evaluation resumes where it
-stopped.
+Up to ``concurrency`` questions are in flight at once (the engine batches their turns, the tool
+clients batch their calls), and a new one starts as soon as one ends, so no batch waits for its
+slowest question. Each answered question is appended to ``predictions.jsonl`` (and flushed) as
+it ends, so an interrupted evaluation resumes where it stopped, losing at most the questions in
+flight.
 """
 
 from __future__ import annotations
@@ -65,14 +66,22 @@ def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], pre
     bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {dataset}", unit="q",
                disable=not progress, dynamic_ncols=True)
     try:
-        for lo in range(0, len(todo), concurrency):
-            chunk = todo[lo: lo + concurrency]
-            result = rollout.run([q.question for q in chunk], [q.golds for q in chunk], n=1, greedy=True,
-                                 desc=f"  {dataset} questions {lo + 1}-{lo + len(chunk)}", progress=progress)
-            with open(predictions, "a", encoding="utf-8") as f:
-                for q, s in zip(chunk, result.samples):
-                    f.write(json.dumps(record_of(dataset, q, s, rollout.tokenizer)) + "\n")
-            bar.update(len(chunk))
+        with open(predictions, "a", encoding="utf-8") as f:
+            totals = {"n": 0, "em": 0.0, "search_calls": 0.0}
+
+            def write(i: int, sample: Sample) -> None:
+                record = record_of(dataset, todo[i], sample, rollout.tokenizer)
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                totals["n"] += 1
+                totals["em"] += float(record["em"])
+                totals["search_calls"] += float(record["search_calls"])
+                bar.update(1)
+                bar.set_postfix(em=f"{totals['em'] / totals['n']:.2f}",
+                                search=f"{totals['search_calls'] / totals['n']:.2f}", refresh=False)
+
+            rollout.run_each([q.question for q in todo], [q.golds for q in todo], concurrency, write,
+                             greedy=True, desc=f"  {dataset} trajectories", progress=False)
     finally:
         bar.close()
     wanted = {q.qid for q in questions}

@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tqdm.auto import tqdm
 
@@ -79,6 +80,30 @@ def label_of(golds: list[str]) -> str:
     return json.dumps([str(g) for g in golds])
 
 
+class _Progress:
+    """A tqdm bar over trajectories with running mean reward, EM and tool calls."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = tqdm(total=total, desc=desc, unit="traj", disable=not enabled, dynamic_ncols=True)
+        self.done, self.reward, self.em, self.tools = 0, 0.0, 0.0, 0.0
+
+    def add(self, out: dict) -> None:
+        logs = out.get("extra_logs") or {}
+        self.reward += float(out.get("reward") or 0.0)
+        self.em += float(logs.get(K.EM, 0.0))
+        self.tools += float(logs.get(K.TOOL_CALLS, 0.0))
+        self.done += 1
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{self.reward / self.done:.2f}", em=f"{self.em / self.done:.2f}",
+                             tools=f"{self.tools / self.done:.2f}", refresh=False)
+
+    def __enter__(self) -> "_Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
 class AgentRollout:
     """Owns one event loop, the executor and the instrumented engine/tools."""
 
@@ -111,29 +136,46 @@ class AgentRollout:
         return SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
                               max_tokens=None)
 
+    def run_each(self, prompts: list[str], golds: list[list[str]], concurrency: int,
+                 on_done: Callable[[int, Sample], None], greedy: bool = True, desc: str = "rollout",
+                 progress: bool = True) -> dict:
+        """One trajectory per prompt, at most ``concurrency`` in flight, a new one started as each
+        ends (no batch waits for its slowest member); ``on_done(i, sample)`` runs as trajectory
+        ``i`` finishes. Returns the timing of the whole run."""
+        if len(prompts) != len(golds):
+            raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.recorder.clear()
+        start = time.monotonic()
+
+        async def main() -> None:
+            gate = asyncio.Semaphore(concurrency)
+            with _Progress(len(prompts), desc, progress) as bar:
+                async def one(i: int) -> None:
+                    async with gate:
+                        out = await self._execute(prompts[i], label_of(golds[i]), greedy)
+                    bar.add(out)
+                    on_done(i, tensorize_response(out, self.max_len))
+
+                await asyncio.gather(*(one(i) for i in range(len(prompts))))
+
+        self.loop.run_until_complete(main())
+        return rollout_timing(self.recorder, time.monotonic() - start)
+
+    async def _execute(self, prompt: str, label: str, greedy: bool) -> dict:
+        return await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer,
+                                           self.engine)
+
     async def _run_all(self, prompts, golds, n, greedy, desc, progress) -> list[dict]:
         jobs = [(p, label_of(g)) for p, g in zip(prompts, golds) for _ in range(n)]
-        bar = tqdm(total=len(jobs), desc=desc, unit="traj", disable=not progress, dynamic_ncols=True)
-        stats = {"done": 0, "reward": 0.0, "em": 0.0, "tools": 0.0}
+        with _Progress(len(jobs), desc, progress) as bar:
+            async def one(prompt: str, label: str) -> dict:
+                out = await self._execute(prompt, label, greedy)
+                bar.add(out)
+                return out
 
-        async def one(prompt: str, label: str) -> dict:
-            out = await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer,
-                                              self.engine)
-            logs = out.get("extra_logs") or {}
-            stats["reward"] += float(out.get("reward") or 0.0)
-            stats["em"] += float(logs.get(K.EM, 0.0))
-            stats["tools"] += float(logs.get(K.TOOL_CALLS, 0.0))
-            stats["done"] += 1
-            done = stats["done"]
-            bar.update(1)
-            bar.set_postfix(reward=f"{stats['reward'] / done:.2f}", em=f"{stats['em'] / done:.2f}",
-                            tools=f"{stats['tools'] / done:.2f}", refresh=False)
-            return out
-
-        try:
             return list(await asyncio.gather(*(one(p, lab) for p, lab in jobs)))
-        finally:
-            bar.close()
 
     def close(self) -> None:
         if self.loop.is_closed():
