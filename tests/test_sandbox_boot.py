@@ -22,6 +22,7 @@ CASES = {
     "sys_exit": "import sys\nsys.exit('bye')",
     "builtins": "print(repr(exit), repr(quit), repr(help))",
     "warning": "import warnings\nwarnings.warn('w')",
+    "syntax_error": "x = (\nprint(1)\n",
 }
 
 
