@@ -45,3 +45,20 @@ def test_bad_input_fails_before_the_program_runs(launch, args, message):
     out = _run(launch, *args)
     assert out.returncode == 127
     assert out.stderr.startswith("sandbox-launch: ") and message in out.stderr
+
+
+def test_a_launcher_others_could_have_written_is_not_run(tmp_path, monkeypatch):
+    """Root execs this file, so a copy (or folder) writable by group/others is refused."""
+    import os
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    monkeypatch.setenv("SGRPO_CACHE", str(cache))
+    built = build_launcher()
+    assert built is not None and built.startswith(str(cache))
+    os.chmod(built, 0o775)
+    assert build_launcher() is None
+    os.chmod(built, 0o755)
+    assert build_launcher() == built
+    os.chmod(cache, 0o777)
+    assert build_launcher() is None

@@ -29,16 +29,34 @@ def launcher_path() -> Path:
     return cache_dir() / f"sgrpo-launch-{digest}"
 
 
+def _trusted(path: Path) -> bool:
+    """Only we may have written it: root runs this file, so nobody else may be able to swap it."""
+    for p in (path, path.parent):
+        st = p.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return False
+    return True
+
+
 def build_launcher(cc: str | None = None) -> str | None:
-    """Path of a built ``sgrpo-launch`` (building it now if needed), or None without a compiler."""
+    """Path of a built ``sgrpo-launch`` (building it now if needed), or None without a compiler
+    or when the cache folder or file could have been written by another user."""
     target = launcher_path()
-    if os.access(target, os.X_OK):
-        return str(target)
+    if target.exists():
+        if not _trusted(target):
+            log.warning("%s or its folder is writable by others or not ours: not running it; "
+                        "the local backend uses its shell launcher", target)
+            return None
+        if os.access(target, os.X_OK):
+            return str(target)
     cc = cc or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         log.info("no C compiler: the local backend uses its shell launcher")
         return None
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not _trusted(target.parent):
+        log.warning("%s is writable by others or not ours: not building sgrpo-launch there", target.parent)
+        return None
     tmp = target.with_name(f"{target.name}.part{os.getpid()}")
     errors = []
     for extra in (["-static"], []):
