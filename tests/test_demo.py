@@ -51,3 +51,22 @@ def test_existing_run_folder_needs_resume(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     assert main(["--smoke", "--out", str(tmp_path)]) == 2
     assert "pass --resume" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smoke_demo_on_a_multi_hop_set_with_its_own_corpus(tmp_path, capsys):
+    """`--data` + `--corpus`: the demo on ../shared's HotpotQA sample and the corpus it comes with."""
+    from openrlhf_sgrpo.assets import shared_data
+
+    qa, corpus = shared_data("hotpotqa", "train_hipporag100.jsonl"), shared_data("hotpotqa", "corpus_hipporag100.jsonl")
+    if not (qa.exists() and corpus.exists()):
+        pytest.skip("../shared/data absent: the HotpotQA sample and its corpus live outside the repo")
+    out = tmp_path / "run"
+    assert main(["--smoke", "--data", str(qa), "--corpus", str(corpus), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "[7/7]" in text and "held-out metric" in text
+    preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
+    held = {p["id"] for p in preds if p["dataset"] == "after"}
+    first = [json.loads(line)["id"] for line in qa.read_text().splitlines()[:4]]
+    assert held == set(first)  # the first --heldout questions of the file are held out
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2]
