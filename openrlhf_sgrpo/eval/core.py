@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from agent_env import info_keys as K
 from agent_env.actions import ANSWER, parse_action
 from openrlhf_sgrpo.local.data import Question
@@ -57,33 +55,17 @@ def read_records(path: str | Path) -> list[dict]:
 def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], predictions: str | Path,
              concurrency: int = 16, progress: bool = True) -> list[dict]:
     """Evaluate ``questions`` (skipping ids already in ``predictions``); return this dataset's records."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     predictions = Path(predictions)
     predictions.parent.mkdir(parents=True, exist_ok=True)
     done = {r["id"] for r in read_records(predictions) if r.get("dataset") == dataset}
     todo = [q for q in questions if q.qid not in done]
-    bar = tqdm(total=len(questions), initial=len(questions) - len(todo), desc=f"eval {dataset}", unit="q",
-               disable=not progress, dynamic_ncols=True)
-    try:
-        with open(predictions, "a", encoding="utf-8") as f:
-            totals = {"n": 0, "em": 0.0, "search_calls": 0.0}
+    with open(predictions, "a", encoding="utf-8") as f:
+        def write(i: int, sample: Sample) -> None:
+            f.write(json.dumps(record_of(dataset, todo[i], sample, rollout.tokenizer)) + "\n")
+            f.flush()
 
-            def write(i: int, sample: Sample) -> None:
-                record = record_of(dataset, todo[i], sample, rollout.tokenizer)
-                f.write(json.dumps(record) + "\n")
-                f.flush()
-                totals["n"] += 1
-                totals["em"] += float(record["em"])
-                totals["search_calls"] += float(record["search_calls"])
-                bar.update(1)
-                bar.set_postfix(em=f"{totals['em'] / totals['n']:.2f}",
-                                search=f"{totals['search_calls'] / totals['n']:.2f}", refresh=False)
-
-            rollout.run_each([q.question for q in todo], [q.golds for q in todo], concurrency, write,
-                             greedy=True, desc=f"  {dataset} trajectories", progress=False)
-    finally:
-        bar.close()
+        rollout.run_each([q.question for q in todo], [q.golds for q in todo], concurrency, write, greedy=True,
+                         desc=f"eval {dataset}", progress=progress, done_before=len(questions) - len(todo))
     wanted = {q.qid for q in questions}
     return [r for r in read_records(predictions) if r.get("dataset") == dataset and r["id"] in wanted]
 

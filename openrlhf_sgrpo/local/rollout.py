@@ -83,8 +83,9 @@ def label_of(golds: list[str]) -> str:
 class _Progress:
     """A tqdm bar over trajectories with running mean reward, EM and tool calls."""
 
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.bar = tqdm(total=total, desc=desc, unit="traj", disable=not enabled, dynamic_ncols=True)
+    def __init__(self, total: int, desc: str, enabled: bool, initial: int = 0):
+        self.bar = tqdm(total=total, initial=initial, desc=desc, unit="traj", disable=not enabled,
+                        dynamic_ncols=True)
         self.done, self.reward, self.em, self.tools = 0, 0.0, 0.0, 0.0
 
     def add(self, out: dict) -> None:
@@ -138,10 +139,11 @@ class AgentRollout:
 
     def run_each(self, prompts: list[str], golds: list[list[str]], concurrency: int,
                  on_done: Callable[[int, Sample], None], greedy: bool = True, desc: str = "rollout",
-                 progress: bool = True) -> dict:
+                 progress: bool = True, done_before: int = 0) -> dict:
         """One trajectory per prompt, at most ``concurrency`` in flight, a new one started as each
         ends (no batch waits for its slowest member); ``on_done(i, sample)`` runs as trajectory
-        ``i`` finishes. Returns the timing of the whole run."""
+        ``i`` finishes. ``done_before`` starts the progress bar there (a resumed job). Returns the
+        timing of the whole run."""
         if len(prompts) != len(golds):
             raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
         if concurrency < 1:
@@ -151,7 +153,7 @@ class AgentRollout:
 
         async def main() -> None:
             gate = asyncio.Semaphore(concurrency)
-            with _Progress(len(prompts), desc, progress) as bar:
+            with _Progress(len(prompts) + done_before, desc, progress, initial=done_before) as bar:
                 async def one(i: int) -> None:
                     async with gate:
                         out = await self._execute(prompts[i], label_of(golds[i]), greedy)

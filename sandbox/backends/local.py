@@ -22,10 +22,10 @@ import threading
 import time
 
 from ..api import RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest
-from ..cgroups import LEAF_PREFIX, CgroupPool, Slot, create_pool
-from ..probe import run_probe
 from ..boot import boot_source, site_dirs
+from ..cgroups import LEAF_PREFIX, CgroupPool, Slot, create_pool
 from ..launcher import build_launcher
+from ..probe import run_probe
 from ..reaper import OrphanReaper
 from .base import Backend, Guarantees
 from .pump import pump
