@@ -1,8 +1,9 @@
 """`print(1)` executions per second through the HTTP service, 1/4/16 concurrent clients.
 
-Backends: local (bwrap+cgroup); the Docker warm pool in both modes, resident (the container's
+Backends: local (bwrap+cgroup), with its static launcher and with the shell launcher as the
+same-run baseline; the Docker warm pool in both modes, resident (the container's
 pid-1 runner spawns each run) and exec (one `docker exec` per run); Docker cold (one container per
-run). Prints a table and the ratios warm/cold and local-vs-goal, all measured in this same run.
+run). Prints a table and the ratios warm/cold, static/shell launcher and local-vs-goal, all measured in this same run.
 
     python bench/sandbox_throughput.py --runs 64 [--skip-docker]
 """
@@ -74,7 +75,9 @@ def main() -> None:
     p.add_argument("--skip-docker", action="store_true")
     a = p.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
-    results = {"local": bench("local", "local", [], clients, a.runs, a.max_concurrency)}
+    results = {"local": bench("local", "local", [], clients, a.runs, a.max_concurrency),
+               "local_shell": bench("local shell", "local", ["--local-launcher", "shell"], clients, a.runs,
+                                    a.max_concurrency)}
     if not a.skip_docker:
         for mode in ("resident", "warm"):
             results[f"docker_{mode}"] = bench(f"docker {mode}", "docker", ["--docker-mode", mode], clients,
@@ -84,6 +87,9 @@ def main() -> None:
     print("\nratios (same run):")
     top = max(clients)
     print(f"  local @{top} clients vs goal {LOCAL_GOAL_16}/s: {results['local'][top] / LOCAL_GOAL_16:.2f}x")
+    for c in clients:
+        print(f"  local static launcher / shell launcher @{c:>2} clients: "
+              f"{results['local'][c] / results['local_shell'][c]:.2f}x")
     if "docker_cold" in results:
         for mode in ("resident", "warm"):
             for c in clients:

@@ -32,6 +32,7 @@ class ServeConfig:
     allow_weaker_isolation: bool = False
     docker_image: str = "sgrpo-sandbox:latest"
     docker_mode: str = "resident"
+    local_launcher: str = "auto"
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
@@ -50,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
                    help="resident: pooled containers whose pid-1 runner spawns each run (fastest); "
                         "warm: pooled containers, one `docker exec` per run; "
                         "cold: one container per run (the benchmark baseline)")
+    p.add_argument("--local-launcher", choices=("auto", "shell"), default="auto",
+                   help="auto: the static sgrpo-launch when a C compiler can build it; shell: sh + setpriv "
+                        "(the benchmark baseline)")
     a = p.parse_args(argv)
     if a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
@@ -60,13 +64,13 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     if a.max_output_bytes < 1:
         p.error(f"--max-output-bytes must be >= 1, got {a.max_output_bytes}")
     return ServeConfig(a.backend, a.host, a.port, a.max_concurrency, a.max_queue, a.max_output_bytes,
-                       a.allow_weaker_isolation, a.docker_image, a.docker_mode)
+                       a.allow_weaker_isolation, a.docker_image, a.docker_mode, a.local_launcher)
 
 
 def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
     """Create and probe the backend; raise IsolationError (after cleanup) if it is too weak."""
     backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image,
-                           docker_mode=cfg.docker_mode)
+                           docker_mode=cfg.docker_mode, local_launcher=cfg.local_launcher)
     try:
         guarantees = backend.probe()
         guarantees.enforce(cfg.allow_weaker_isolation)

@@ -132,3 +132,12 @@ def test_admission_bounds():
             with adm.slot():
                 pass
     assert adm.rejected == 1 and adm.running == 0
+
+
+def test_local_launcher_flag():
+    from sandbox.serve import parse_args
+
+    assert parse_args([]).local_launcher == "auto"
+    assert parse_args(["--local-launcher", "shell"]).local_launcher == "shell"
+    with pytest.raises(SystemExit):
+        parse_args(["--local-launcher", "bash"])
