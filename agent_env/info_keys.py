@@ -16,6 +16,7 @@ action-mask column i-1 (`action_mask = mask[1:max_len]`).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 # Cumulative per-sample counters (plain scalars).
@@ -63,6 +64,14 @@ def turn_end_key(k: int) -> str:
 
 def turn_doc_key(k: int, j: int) -> str:
     return f"turn{k}_doc{j}"
+
+
+_TURN_SLOT = re.compile(r"turn\d+_(kind|start|end|doc\d+)")
+
+
+def is_turn_slot_key(key: str) -> bool:
+    """True for the per-turn slots (trainer inputs such as CalibAdv's), False for the counters."""
+    return _TURN_SLOT.fullmatch(key) is not None
 
 
 def metadata_keys(max_turns: int, topk: int) -> list[str]:
