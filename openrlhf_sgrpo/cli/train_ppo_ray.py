@@ -97,21 +97,27 @@ def ray_runtime_env() -> dict:
     return {"env_vars": env}
 
 
-def launch(args: SimpleNamespace) -> None:
-    """Start Ray, put our actor classes where OpenRLHF's train() looks, run OpenRLHF's train()."""
+def start_ray(**ray_init_kwargs: Any) -> None:
+    """``ray.init`` with :func:`ray_runtime_env` (unless Ray already runs in this process), then
+    our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources."""
     import ray
 
+    from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
+
+    if not ray.is_initialized():
+        ray.init(runtime_env=ray_runtime_env(), **ray_init_kwargs)
+    install_actor_classes()
+
+
+def launch(args: SimpleNamespace) -> None:
+    """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train()."""
     from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
 
     problems = contract_violations()
     if problems:
         raise CliError("the installed OpenRLHF does not match what openrlhf-sgrpo wires into "
                        "(pip install --no-deps openrlhf==0.11.2):\n  " + "\n  ".join(problems))
-    from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
-
-    if not ray.is_initialized():
-        ray.init(runtime_env=ray_runtime_env())
-    install_actor_classes()
+    start_ray()
     from openrlhf.cli.train_ppo_ray import train
 
     train(args)
