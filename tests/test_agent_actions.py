@@ -88,3 +88,12 @@ def test_corrective_observation_uses_search_r1_wording():
 
 def test_strip_code_fence_keeps_bare_code():
     assert strip_code_fence("print('```')") == "print('```')"
+
+
+def test_the_unisolated_test_server_does_not_ship_in_the_package():
+    """Issue #15: the code runner without isolation is a test helper (tests/agent_fakes.py) only."""
+    from pathlib import Path
+
+    import agent_env
+
+    assert not (Path(agent_env.__file__).parent / "testing.py").exists()

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from agent_env.config import ConfigError, config_from_dict, load_config
-from agent_env.testing import MiniToolServer
+from agent_fakes import MiniToolServer
 from agent_env.tools import HttpPolicy, JsonHttp, RetrieverClient, SandboxClient, ToolError, WebSearchClient
 
 CORPUS = [
