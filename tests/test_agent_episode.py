@@ -163,6 +163,15 @@ def test_format_reward_and_budget_exhaustion_keep_all_keys(server, tok):
     assert short["extra_logs"][K.INVALID_ACTIONS] == 1
 
 
+def test_an_answer_inside_an_unclosed_think_is_no_answer_for_reward_em_and_metadata(server, tok):
+    """One extraction rule: the final turn's `<answer>` inside `<think>` counts nowhere (it used to
+    earn 0.8 of format reward while EM and `answered` said there was no answer)."""
+    cfg = make_cfg(server, format_reward=True, max_turns=1)
+    (res,) = run_episodes(cfg, tok, [[SEARCH, "<think>maybe <answer> Paris </answer>"]])
+    meta = res["extra_logs"]
+    assert (meta[K.ANSWERED], meta[K.EM], meta[K.F1], res["reward"], res["scores"]) == (0, 0.0, 0.0, 0.0, 0.0)
+
+
 def test_max_tokens_per_turn_caps_every_turn_not_only_the_first(server, tok):
     """OpenRLHF resets max_tokens to the remaining context each turn; the agent's cap holds."""
     long_search = "<think>" + "let me think about this " * 40 + "</think>\n<search> capital of France </search>"
