@@ -57,7 +57,7 @@ class Episode:
         action = parse_action(action_text, self.allowed)
         record = TurnRecord(action.kind)
         observation = ""
-        if action.kind == ANSWER:
+        if action.kind == ANSWER:  # the one answer rule (actions.answer_of) for reward, EM and metadata
             self.answer = action.content
         elif action.is_tool and not final:
             observation = await self._run_tool(action, record, turn=len(self.turns))
@@ -101,7 +101,7 @@ class Episode:
             return score, score
         coef = FormatCoefficients(self.cfg.structure_format_score, self.cfg.final_format_score,
                                   self.cfg.retrieval_score)
-        return format_reward(self.transcript, self.golds, self.cfg.reward, coef), score
+        return format_reward(self.transcript, self.answer, self.golds, self.cfg.reward, coef), score
 
     def metadata(self) -> dict[str, int | float]:
         """All contract keys (same set every call); token ranges are filled by the executor."""

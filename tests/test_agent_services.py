@@ -11,7 +11,8 @@ import pytest
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import ScriptedEngine
+from agent_fakes import ScriptedEngine
+from peer_rules import search_r1_search_observation
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
@@ -77,8 +78,11 @@ def test_search_episodes_against_real_retriever(retriever_url, tok):
     for res in results:
         meta = res["extra_logs"]
         assert (meta[K.SEARCH_CALLS], meta[K.TOOL_ERRORS], meta[K.EM]) == (1, 0, 1.0)
-        assert "<information>Doc 1(Title: Paris) Paris is the capital" in tok.decode(res["observation_tokens"])
-        assert K.decode_turns(meta)[0].doc_ids[0] == 0
+        doc_ids = K.decode_turns(meta)[0].doc_ids
+        assert doc_ids[0] == 0
+        (_, end), (start, _) = res["action_ranges"]
+        obs = tok.decode(res["observation_tokens"][end:start])  # byte for byte what Search-R1 shows
+        assert obs == search_r1_search_observation([f'"{PASSAGES[i][0]}"\n{PASSAGES[i][1]}' for i in doc_ids])
 
 
 @pytest.mark.slow
