@@ -38,7 +38,10 @@ readonly TOKENS_PER_TURN=500         # generated tokens per assistant turn
 readonly TOKENS_PER_OBS=500          # tokens per <information> block
 readonly TOPK=3                      # passages per search
 readonly PROMPT_BUDGET=512           # the Search-R1 prompt is ~200 tokens
-readonly MAX_LEN=$((PROMPT_BUDGET + MAX_TURNS * (TOKENS_PER_TURN + TOKENS_PER_OBS)))
+readonly OBS_WRAPPER_TOKENS=16       # "\n\n<information>" + "</information>\n\n" around a capped observation (8 in Qwen2.5's vocabulary)
+# Worst case: every tool turn at its cap (action + observation), then the final answer turn,
+# which must still get its TOKENS_PER_TURN (tests/test_length_budget.py runs that case).
+readonly MAX_LEN=$((PROMPT_BUDGET + MAX_TURNS * (TOKENS_PER_TURN + TOKENS_PER_OBS + OBS_WRAPPER_TOKENS) + TOKENS_PER_TURN))
 
 # require_shared_url URL: multi-node runs need one service every node reaches, not loopback.
 require_shared_url() {
