@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from openrlhf_sgrpo.cli.flags import add_sgrpo_flags, validate_sgrpo_args
+from openrlhf_sgrpo.cli.flags_extensions import sapo_inert_reason
 from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, main_block_violations
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -150,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    inert = sapo_inert_reason(args)
+    if inert:
+        print(f"warning: {inert}", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
         return 0
