@@ -10,17 +10,10 @@ their sign; filters; a step selector; the headline curves. It opens offline.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
-from pathlib import Path
 
-from openrlhf_sgrpo.inspect.curves import curves_html
-from openrlhf_sgrpo.inspect.load import InspectError, load_run
-from openrlhf_sgrpo.inspect.page import render_page
-from openrlhf_sgrpo.inspect.view import run_view
-
-DEFAULT_OUT = "rollouts.html"
+from openrlhf_sgrpo.inspect.load import InspectError
+from openrlhf_sgrpo.inspect.report import DEFAULT_OUT, write_report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,27 +29,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
-
-
-def write_report(run_dir: str | Path, out: str | Path | None = None, max_steps: int | None = 200,
-                 max_groups: int | None = 64, progress: bool = False) -> tuple[Path, list[str]]:
-    """Build the report of ``run_dir`` and write it atomically; returns its path and the warnings
-    (a skipped torn line, steps or groups left out) that the page also shows."""
-    run = load_run(run_dir, max_steps=max_steps, max_groups=max_groups, progress=progress)
-    html = render_page(run_view(run), curves_html(run.metrics), time.strftime("%Y-%m-%d %H:%M:%S"))
-    path = Path(out) if out is not None else Path(run_dir) / DEFAULT_OUT
-    if path.is_dir():
-        raise InspectError(f"--out {path} is a folder; name the HTML file to write")
-    if not path.parent.is_dir():
-        raise InspectError(f"--out {path}: folder {path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise InspectError(f"cannot write {path}: {err.strerror or err}") from None
-    return path, run.warnings
 
 
 def main(argv: list[str] | None = None) -> int:
