@@ -119,6 +119,7 @@ def args(workdir, policy_dir, retriever, agent_func_path):
         "--train.micro_batch_size", "2", "--algo.kl.init_coef", "0",
         "--algo.advantage.estimator", "stratified_grpo", "--algo.advantage.sgrpo_alpha", str(ALPHA),
         "--algo.sapo.enable", "--ckpt.path", str(workdir / "ckpt"),
+        "--sgrpo.dump_rollouts", "2", "--sgrpo.run_dir", str(workdir / "run"),
     ])
 
 
@@ -335,3 +336,21 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy
         got = torch.as_tensor(batch.info[key]).float().flatten()
         expected = [float(per_sample[i][0].info[key][per_sample[i][1]]) for i in order]
         assert got.tolist() == pytest.approx(expected, abs=1e-5), key
+
+    # --sgrpo.dump_rollouts 2: the trainer process wrote the first two groups, and they render
+    from openrlhf_sgrpo.rollout_records.store import list_step_files, read_step_file
+
+    run_dir = Path(args.sgrpo.run_dir)
+    (dumped,) = [f for f in list_step_files(run_dir) if f.phase == "train"]
+    groups = read_step_file(dumped.path).groups
+    assert [g["group"] for g in groups] == [0, 1]
+    for g in groups:
+        for s in g["samples"]:
+            i = g["group"] * N + s["sample"]
+            assert s["advantage"] == pytest.approx(float(want[i]), abs=1e-5)
+            assert s["stratum"] == int(strata[i]) and s["reward"] == pytest.approx(raw[i]["reward"])
+            assert [t["kind"] for t in s["turns"]].count("search") == raw[i]["info"][K.SEARCH_CALLS]
+    report = subprocess.run([sys.executable, "-m", "openrlhf_sgrpo.inspect", str(run_dir), "--quiet"],
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (run_dir / "rollouts.html").stat().st_size > 0

@@ -3,7 +3,7 @@ advantage terms, the cluster adapter on OpenRLHF's own experiences, and the writ
 
 The episodes are real (OpenRLHF's executor + our agent, the real Qwen2 tokenizer, Search-R1
 ``/retrieve`` and SandboxFusion ``/run_code`` on loopback); only the policy's text is scripted,
-at the engine boundary (``openrlhf_sgrpo.rollout_records.testing``).
+at the engine boundary (``tests/scripted_rollouts.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from agent_env import info_keys as K
-from agent_env.testing import MiniToolServer
+from agent_fakes import MiniToolServer
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.advantages import stratified_advantages
-from openrlhf_sgrpo.rollout_records import testing as scripted
+import scripted_rollouts as scripted
 from openrlhf_sgrpo.rollout_records.build import SCHEMA_VERSION, RecordLimits
-from openrlhf_sgrpo.rollout_records.sources import records_from_experiences, records_from_samples
+from openrlhf_sgrpo.rollout_records.sources import records_from_samples
 from openrlhf_sgrpo.rollout_records.store import (RecordError, RolloutWriter, list_step_files, read_step_file,
                                                   step_path)
 
@@ -62,7 +62,7 @@ def test_turn_text_is_the_policy_text_and_outputs_are_the_observations(run):
     france = step1["q-france"]["samples"]
     search = france[2]["turns"][0]
     assert (search["kind"], search["query"]) == ("search", "capital of France")
-    assert search["output"].startswith("\n\n<information>Doc 1(Title: Paris) Paris is the capital")
+    assert search["output"].startswith('\n\n<information>Doc 1(Title: "Paris") Paris is the capital')
     assert search["output"].endswith("</information>\n\n") and search["doc_ids"] == [0, 1]
     assert france[2]["turns"][1]["start"] == search["start"] + search["tokens"] + search["output_tokens"]
     assert france[0]["turns"][0]["output"] == "" and france[0]["turns"][0]["query"] == "Paris"
@@ -154,10 +154,11 @@ def test_limits_bound_tool_output_and_text(tok):
 
 
 @pytest.mark.usefixtures("openrlhf_gpu_stubs")
-def test_cluster_adapter_on_openrlhf_experiences_matches_the_local_records(tok):
+def test_cluster_dump_of_openrlhf_experiences_matches_the_local_records(tok, tmp_path):
     """Real responses -> OpenRLHF's `_process_response_into_experience` -> shuffled micro-batches
     with `index` -> our experience maker (OpenRLHF's `compute_advantages_and_returns`) ->
-    records of the first 2 groups, equal to the single-machine records of the same samples."""
+    ``--sgrpo.dump_rollouts 2`` writes the first 2 groups, equal to the single-machine records of
+    the same samples (the per-turn slots it needs leave ``info`` only after the dump)."""
     from openrlhf.trainer.ppo_utils.experience import Experience
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
@@ -165,7 +166,7 @@ def test_cluster_adapter_on_openrlhf_experiences_matches_the_local_records(tok):
     from openrlhf_sgrpo.cli.train_ppo_ray import parse_config
     from openrlhf_sgrpo.local.experience import tensorize_response
     from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
-    from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY, StratifiedExperienceMaker
+    from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 
     n = scripted.N_SAMPLES
     prompts = scripted.STEPS[0]
@@ -182,14 +183,17 @@ def test_cluster_adapter_on_openrlhf_experiences_matches_the_local_records(tok):
     for b in batches:
         b.kl = torch.zeros_like(b.action_mask, dtype=torch.float32)
     args = parse_config(["--rollout.n_samples_per_prompt", str(n), "--algo.advantage.estimator", "stratified_grpo",
-                         "--algo.advantage.sgrpo_alpha", "0.6"])
+                         "--algo.advantage.sgrpo_alpha", "0.6", "--sgrpo.dump_rollouts", "2",
+                         "--sgrpo.run_dir", str(tmp_path)])
     maker = StratifiedExperienceMaker(None, None, None, None, FixedKLController(0.0),
-                                      type("S", (), {"args": args})(), tokenizer=None)
+                                      type("S", (), {"args": args})(), tokenizer=tok)
     batches = maker.compute_advantages_and_returns(batches)
     opts = sgrpo_options(args)
-    got = records_from_experiences(batches, tok, n, step=5, adv_cfg=opts, max_groups=2, advantage_key=ADVANTAGE_INFO_KEY)
+    (dumped,) = list_step_files(tmp_path)
+    assert (dumped.phase, dumped.step) == ("train", 1)
+    got = read_step_file(dumped.path).groups
     samples = [tensorize_response(r, scripted.MAX_LEN) for r in responses]
-    want = records_from_samples(samples, tok, n, phase="train", step=5, adv_cfg=opts, max_groups=2)
+    want = records_from_samples(samples, tok, n, phase="train", step=1, adv_cfg=opts, max_groups=2)
     assert [g["group"] for g in got] == [0, 1]
     strip = lambda gs: [{**g, "samples": [{**s, "turns": [{k: v for k, v in t.items() if k != "adv_mean"}  # noqa: E731
                                                           for t in s["turns"]]} for s in g["samples"]]} for g in gs]

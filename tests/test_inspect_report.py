@@ -1,7 +1,7 @@
 """``python -m openrlhf_sgrpo.inspect``: the CLI, the page's numbers, and the page as a person sees it.
 
 The run folder is written by the real record path from real agent episodes (scripted policy
-text at the engine boundary only, see ``openrlhf_sgrpo.rollout_records.testing``). The browser
+text at the engine boundary only, see ``tests/scripted_rollouts.py``). The browser
 tests render the report in headless Chromium over the DevTools protocol and check the DOM
 against the jsonl, the filters and the step selector by driving them, and that the page logs
 no script error and makes no network request. They skip, with the reason, when no Chromium is
@@ -25,7 +25,7 @@ from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium
 from openrlhf_sgrpo.inspect.curves import CURVES, curves_html, series
 from openrlhf_sgrpo.inspect.load import StepRecords, load_run, thin_steps
 from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
-from openrlhf_sgrpo.rollout_records import testing as scripted
+import scripted_rollouts as scripted
 from openrlhf_sgrpo.rollout_records.store import list_step_files, read_step_file, step_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -37,6 +37,7 @@ from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.metrics import stratification_metrics
 from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import apply_calibadv
 from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
+from openrlhf_sgrpo.openrlhf_ext.rollout_dump import RolloutDump
 from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
 
 # Per-sample info key holding the scalar (pre-KL) stratified advantage, for logs and tests.
@@ -75,6 +76,10 @@ def batch_order(experiences: list, ordered: torch.Tensor) -> tuple[torch.Tensor,
 class StratifiedExperienceMaker(RemoteExperienceMaker):
     """RemoteExperienceMaker + stratified_grpo / stratified_reinforce / stratified_rloo."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollout_dump = RolloutDump(self.args, self.tokenizer)  # --sgrpo.dump_rollouts
+
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list) -> list:
         opts = sgrpo_options(self.args)
@@ -86,6 +91,7 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
             else:
                 experiences = self._stratified_advantages_and_returns(experiences, opts)
         apply_calibadv(experiences, self.args)  # no-op unless --algo.calibadv.enable
+        self.rollout_dump(experiences, opts, ADVANTAGE_INFO_KEY if opts.is_stratified else None)
         drop_turn_slots(experiences)
         return experiences
 

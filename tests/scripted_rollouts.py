@@ -5,7 +5,7 @@ Everything is the real code path of the single-machine runner except the policy:
 ``MultiTurnAgentExecutor`` (our ``AgentExecutor``) runs every trajectory against real tools on
 loopback (``MiniToolServer``: Search-R1 ``/retrieve``, SandboxFusion ``/run_code`` running the
 code in a subprocess), with the real tokenizer; the *policy text* is scripted at the engine
-boundary (``agent_env.testing.ScriptedEngine``). Samples go through ``tensorize_response``, the
+boundary (``agent_fakes.ScriptedEngine`` (tests/agent_fakes.py)). Samples go through ``tensorize_response``, the
 runner's advantages (strata from the agent's info, the stratified estimator, CalibAdv on the
 token path), :func:`records_from_samples` and :class:`RolloutWriter`; metrics through
 ``MetricsLogger``. The scripts make, by construction, a group with three strata and reward
@@ -23,7 +23,7 @@ import torch
 
 from agent_env.config import AgentConfig
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import MiniToolServer, ScriptedEngine
+from agent_fakes import MiniToolServer, ScriptedEngine
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo.calibadv import CalibAdvConfig
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
