@@ -153,6 +153,14 @@ def test_two_gigabytes_is_memory_limit_exceeded(backend):
     assert "allocated" not in res.stdout
 
 
+def test_a_tiny_memory_limit_is_raised_to_the_floor(backend):
+    """memory_limit_MB=1 (SandboxFusion accepts any integer) becomes 32 MB: the interpreter (and a
+    Docker container's pid 1) still fit, and a program over it is a memory kill, not a lost sandbox."""
+    assert run(backend, "print('fits')", memory_limit_MB=1).stdout == "fits\n"
+    res = run(backend, "x = bytearray(100 << 20)", memory_limit_MB=1)
+    assert res.outcome is MEMORY, res
+
+
 def test_scratch_space_is_capped_everywhere(backend):
     """/work, /tmp and /dev/shm are each a 64 MiB tmpfs (files of 40 MB stay under RLIMIT_FSIZE);
     /dev itself is read-only."""
