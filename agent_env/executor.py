@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
 
-from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.actions import STOP_STRINGS
 from agent_env.config import AgentConfig, load_config
 from agent_env.episode import Episode
@@ -126,6 +126,6 @@ class AgentExecutor(MultiTurnAgentExecutor):
                                            hf_tokenizer, engine, images)
         finally:
             _CONTEXT.reset(token)
-        meta = dict(result.get("extra_logs") or K.empty_metadata(self.config.max_turns, self.config.topk))
-        result["extra_logs"] = K.fill_action_ranges(meta, result["action_ranges"], self.config.max_turns, max_length)
+        meta = dict(result.get("extra_logs") or M.empty_metadata(self.config.max_turns, self.config.topk))
+        result["extra_logs"] = M.fill_action_ranges(meta, result["action_ranges"], self.config.max_turns, max_length)
         return result

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from advantage_speed import _install_stubs  # noqa: E402  (vllm/flash_attn import stand-ins)
 
 from agent_env import info_keys as K  # noqa: E402
+from agent_env import metadata as M  # noqa: E402
 
 MAX_TURNS, TOPK = 4, 3
 PROMPT, ACTION, OBS, ANSWER = 220, 60, 150, 30
@@ -55,14 +56,14 @@ def trajectory(g: torch.Generator, words: torch.Tensor, searches: int) -> tuple[
         ids += words[torch.randint(0, len(words), (ACTION + OBS,), generator=g)].tolist()
     ranges.append((len(ids), len(ids) + ANSWER))
     ids += words[torch.randint(0, len(words), (ANSWER,), generator=g)].tolist()
-    meta = K.empty_metadata(MAX_TURNS, TOPK)
+    meta = M.empty_metadata(MAX_TURNS, TOPK)
     meta.update({K.TOOL_CALLS: searches, K.SEARCH_CALLS: searches, K.TURNS: searches + 1, K.ANSWERED: 1})
     for k in range(searches):
         meta[K.turn_kind_key(k)] = K.KIND_SEARCH
         for j in range(TOPK):
             meta[K.turn_doc_key(k, j)] = int(torch.randint(0, 10**6, (1,), generator=g))
     meta[K.turn_kind_key(searches)] = K.KIND_ANSWER
-    return ids, K.fill_action_ranges(meta, ranges, MAX_TURNS)
+    return ids, M.fill_action_ranges(meta, ranges, MAX_TURNS)
 
 
 def make_batches(tok, prompts: int, n: int, micro: int, seed: int = 0) -> list:
@@ -84,7 +85,7 @@ def make_batches(tok, prompts: int, n: int, micro: int, seed: int = 0) -> list:
         act = torch.zeros(len(rows), width - 1, dtype=torch.bool)
         for i, (ids, meta) in enumerate(trajs):
             seqs[i, :len(ids)], attn[i, :len(ids)] = torch.tensor(ids), 1
-            for t in K.decode_turns(meta):
+            for t in M.decode_turns(meta):
                 act[i, t.start - 1:t.end - 1] = True
         info = {key: torch.tensor([float(m[key]) for _, m in trajs]) for key in trajs[0][1]}
         batches.append(Experience(

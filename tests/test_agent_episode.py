@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_fakes import MiniToolServer, ScriptedEngine
@@ -69,9 +70,9 @@ def test_search_then_answer(server, tok):
     text = tok.decode(tokens)
     assert text.startswith("Answer the given question.") and "Question: capital?\n" in text
     obs = tok.decode(tokens[ranges[0][1]:ranges[1][0]])
-    turns = K.decode_turns(meta)
+    turns = M.decode_turns(meta)
     # the whole observation, byte for byte, is what Search-R1 shows for the same three passages
-    by_id = {K.encode_doc_id(d["id"]): d["contents"] for d in CORPUS}
+    by_id = {M.encode_doc_id(d["id"]): d["contents"] for d in CORPUS}
     assert obs == search_r1_search_observation([by_id[i] for i in turns[0].doc_ids])
     assert obs.startswith('\n\n<information>Doc 1(Title: "Paris") Paris is the capital and largest city')
     assert [t.kind for t in turns] == ["search", "answer"]
@@ -86,7 +87,7 @@ def test_max_turns_then_final_turn_without_tools(server, tok):
     meta = res["extra_logs"]
     assert meta[K.TURNS] == 3 == len(res["action_ranges"])  # 2 tool turns + the final one
     assert (meta[K.SEARCH_CALLS], meta[K.ANSWERED], res["reward"]) == (2, 0, 0.0)
-    assert [t.kind for t in K.decode_turns(meta)] == ["search", "search", "search"]
+    assert [t.kind for t in M.decode_turns(meta)] == ["search", "search", "search"]
     assert server.queries_seen == 2  # the final turn's search never ran
 
 

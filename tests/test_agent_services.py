@@ -9,6 +9,7 @@ import json
 import pytest
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_fakes import ScriptedEngine
@@ -80,7 +81,7 @@ def test_search_episodes_against_real_retriever(retriever_url, tok):
     for res in results:
         meta = res["extra_logs"]
         assert (meta[K.SEARCH_CALLS], meta[K.TOOL_ERRORS], meta[K.EM]) == (1, 0, 1.0)
-        doc_ids = K.decode_turns(meta)[0].doc_ids
+        doc_ids = M.decode_turns(meta)[0].doc_ids
         assert doc_ids[0] == 0
         (_, end), (start, _) = res["action_ranges"]
         obs = tok.decode(res["observation_tokens"][end:start])  # byte for byte what Search-R1 shows

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.actions import ACTION_TAGS, parse_action
 
 SCHEMA_VERSION = 1
@@ -98,7 +99,7 @@ def turn_records(traj: Trajectory, tokenizer, limits: RecordLimits = RecordLimit
     """
     ids = list(traj.token_ids)
     length = len(ids)
-    turns = K.decode_turns(traj.info)
+    turns = M.decode_turns(traj.info)
     out = []
     for k, turn in enumerate(turns):
         start, end = min(max(turn.start, 0), length), min(max(turn.end, 0), length)
