@@ -2,10 +2,12 @@
 # Two images from one file (docs/deploy.md):
 #   tools  slim CPU image for the tool services: retriever_server and sandbox
 #            docker build --target tools -t sgrpo-tools .
-#   train  CUDA PyTorch + openrlhf[vllm]==0.11.2 + this package, for every node of the Ray cluster
+#   train  CUDA PyTorch + requirements-gpu.txt (openrlhf[vllm]==0.11.2) + this package, for every
+#          node of the Ray cluster
 #            docker build --target train -t sgrpo-train .
-# Offline builds (no registry, no PyPI; how CI builds `tools`): a local base image that has
-# python3 + venv (TOOLS_BASE), wheels in examples/docker/wheelhouse, PIP_OFFLINE=1, TOOLS_ENCODERS="".
+# Offline builds (no registry, no PyPI; how CI builds both, tests/docker_images.py): wheels in
+# examples/docker/wheelhouse, PIP_OFFLINE=1, and local bases: TOOLS_BASE with python3 + venv
+# (debootstrap), TRAIN_BASE=<the tools image> with TRAIN_DEPS=cpu (see the train stage).
 # `tools` comes first so that `--target tools` never needs the CUDA base.
 
 ARG TOOLS_BASE=python:3.11-slim
@@ -32,7 +34,8 @@ RUN set -eu; \
     pip install $src -r /tmp/requirements-tools.txt; \
     if [ -n "$TOOLS_ENCODERS" ]; then pip install $src $TOOLS_ENCODERS; fi; \
     rm -rf /tmp/wheelhouse /tmp/requirements-tools.txt
-# Only the two services: they import nothing from the other parts (docs: DESIGN.md borders).
+# Only the two services: each ships alone, importing nothing from the other parts (README.md's
+# layout table); the import check below proves it inside the image.
 COPY retriever_server/ /opt/sgrpo/retriever_server/
 COPY sandbox/ /opt/sgrpo/sandbox/
 RUN python3 -c "import retriever_server.serve, sandbox.serve" \
@@ -45,18 +48,36 @@ USER 65534:65534
 CMD ["python3", "-m", "retriever_server.serve", "--index", "/index", "--host", "0.0.0.0", "--port", "8000", "--mmap"]
 
 FROM ${TRAIN_BASE} AS train
-ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# OpenRLHF with its vLLM extra, pinned as the project pins it; flash-attn comes with the
-# NGC PyTorch base's toolchain (OpenRLHF's own images use the same base).
-RUN pip install "openrlhf[vllm]==0.11.2"
+USER root
+ARG PIP_OFFLINE=0
+# gpu (default): requirements-gpu.txt, i.e. openrlhf[vllm]==0.11.2 (vllm, flash-attn, deepspeed,
+#   ray as OpenRLHF pins them) + CUDA FAISS, into the NGC CUDA PyTorch base (OpenRLHF's own images
+#   use the same base; flash-attn builds against its toolchain).
+# cpu: the CPU set exactly as `make install` installs it (requirements.txt, then
+#   requirements-nodeps.txt with --no-deps): what an offline build without the CUDA base can run.
+#   CI builds it offline from the `tools` image (CPU torch) and runs a launcher's DRY_RUN in it;
+#   the NGC base, vLLM, flash-attn and CUDA FAISS are never installed that way (docs/deploy.md).
+ARG TRAIN_DEPS=gpu
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /opt/sgrpo
-COPY pyproject.toml README.md requirements.txt ./
+COPY requirements.txt requirements-nodeps.txt requirements-gpu.txt ./
+COPY examples/docker/wheelhouse/ /tmp/wheelhouse/
+RUN set -eu; src="--find-links /tmp/wheelhouse"; [ "$PIP_OFFLINE" != 1 ] || src="--no-index $src"; \
+    case "$TRAIN_DEPS" in \
+      gpu) pip install $src -r requirements-gpu.txt ;; \
+      cpu) pip install $src -r requirements.txt && pip install $src --no-deps -r requirements-nodeps.txt ;; \
+      *) echo "TRAIN_DEPS must be gpu or cpu, got '$TRAIN_DEPS'" >&2; exit 2 ;; \
+    esac
+COPY pyproject.toml README.md ./
 COPY openrlhf_sgrpo/ openrlhf_sgrpo/
 COPY agent_env/ agent_env/
 COPY retriever_server/ retriever_server/
 COPY sandbox/ sandbox/
 COPY examples/ examples/
-# --no-deps: OpenRLHF above brought the GPU stack; the project's metadata declares no deps.
-RUN pip install --no-deps -e . \
- && python3 -c "import openrlhf_sgrpo.cli.flags, agent_env.openrlhf_agent"
+# --no-deps: the step above brought the stack; the project's metadata declares no deps. Offline,
+# the wheelhouse also holds pyproject.toml's build requirements (setuptools) for the isolated build.
+RUN set -eu; src="--find-links /tmp/wheelhouse"; [ "$PIP_OFFLINE" != 1 ] || src="--no-index $src"; \
+    pip install $src --no-deps -e . \
+ && python3 -c "import openrlhf_sgrpo.cli.flags, agent_env.openrlhf_agent" \
+ && rm -rf /tmp/wheelhouse
 CMD ["bash"]

@@ -3,7 +3,8 @@
 #   scripts/docker_ci.sh install      apt-get install docker.io debootstrap bubblewrap (idempotent)
 #   scripts/docker_ci.sh start        dockerd --bridge=none --iptables=false --ip6tables=false with a
 #                                     temp data-root and unix socket; writes $STATE/env
-#   scripts/docker_ci.sh build-image  offline image build (sandbox/image/build.sh)
+#   scripts/docker_ci.sh build-image  offline image build (sandbox/image/build.sh; its status: 3 = the
+#                                     host lacks a piece, any other failure is an error to fix)
 #   scripts/docker_ci.sh stop         stop that dockerd by PID and remove its temp state
 # $STATE (default /tmp/sgrpo-docker, env SGRPO_DOCKER_DIR) holds env, dockerd.pid, dockerd.log.
 # `source $STATE/env` exports DOCKER_HOST; the tests read the same file when DOCKER_HOST is unset.

@@ -1,23 +1,34 @@
-"""docker-compose.yml validates with the installed Compose (Debian's docker-compose v1 or the
-`docker compose` plugin) and says what the tool stack needs: healthchecks on /health, restart
-policies, the index volume, the Docker socket for the sandbox, the optional GPU override."""
+"""docker-compose.yml with the installed Compose (Debian's docker-compose v1 or the `docker compose`
+plugin): its config says what the tool stack needs (healthchecks on /health, restart policies, the
+index volume, the Docker socket for the sandbox, the optional GPU override), and the stack comes
+`up` for real on the offline engine: `/retrieve` and `/run_code` answer through the services'
+ports, then `down`."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
+from docker_images import docker_env, engine_socket, run, sandbox_image, tools_image
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_OVERRIDE = REPO / "examples" / "docker" / "docker-compose.gpu.yml"
 
 
 def compose_command() -> list[str]:
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
+                                                                 check=False).returncode == 0:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
@@ -30,7 +41,7 @@ def compose_config(*files: Path, **env: str) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RETRIEVER_", "SANDBOX_", "INDEX_DIR"))}
     full_env.update(env)
     return subprocess.run([*compose_command(), "--project-directory", str(REPO), *args, "config"],
-                          capture_output=True, text=True, env=full_env, cwd=REPO, timeout=120)
+                          capture_output=True, text=True, env=full_env, cwd=REPO, timeout=120, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +96,184 @@ def test_invalid_compose_is_rejected(tmp_path):
     path.write_text(yaml.safe_dump(broken))
     proc = compose_config(path)
     assert proc.returncode != 0
+
+
+def test_services_listen_on_the_port_they_publish():
+    """So that with host networking (no `ports:`) a service serves on the very port it would publish."""
+    proc = compose_config(REPO / "docker-compose.yml", RETRIEVER_PORT="9100", SANDBOX_PORT="9200",
+                          SANDBOX_LOCAL_PORT="9300", LISTEN_HOST="127.0.0.1")
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for name, port in (("retriever", 9100), ("sandbox", 9200), ("sandbox-local", 9300)):
+        svc = services[name]
+        command = svc["command"] if isinstance(svc["command"], str) else " ".join(svc["command"])
+        assert "--host 127.0.0.1" in command and f"--port {port}" in command
+        assert [(p["published"], p["target"]) for p in svc["ports"]] == [(port, port)]
+        assert f"127.0.0.1:{port}/health" in " ".join(svc["healthcheck"]["test"])
+
+
+# ---------------------------------------------------------------- the stack, up for real
+# The corpus: these answer articles among real distractors; each question is about its article.
+STACK_QUESTIONS = {
+    "Which German-born theoretical physicist is best known for relativity?": "Albert Einstein",
+    "What is the highest mountain on Earth above sea level?": "Mount Everest",
+    "How do plants turn light into chemical energy?": "Photosynthesis",
+}
+DISTRACTOR_STRIDE = 400  # every 400th of the 10,033 extracts: 26 real distractor articles
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory) -> Path:
+    """A MiniLM index of ~30 Wikipedia extracts built with the real CLI, the model folder inside it
+    (the container sees only INDEX_DIR). World-readable: the retriever runs as nobody."""
+    from openrlhf_sgrpo.assets import AssetMissing, minilm_dir
+    from retriever_server.corpora import wiki_extracts_path, wiki_extracts_to_jsonl
+
+    try:
+        extracts, model = wiki_extracts_path(), minilm_dir()
+    except (FileNotFoundError, AssetMissing) as err:
+        pytest.skip(f"small index assets missing: {err}")
+    data = json.loads(extracts.read_text(encoding="utf-8"))
+    keys = dict.fromkeys([*list(data)[::DISTRACTOR_STRIDE], *STACK_QUESTIONS.values()])
+    src = tmp_path_factory.mktemp("stack-corpus")
+    (src / "subset.json").write_text(json.dumps({k: data[k] for k in keys}))
+    wiki_extracts_to_jsonl(src / "subset.json", src / "corpus.jsonl")
+    index = Path(tempfile.mkdtemp(prefix="sgrpo-stack-index-"))
+    try:
+        shutil.copytree(model, index / "minilm")
+        build = [sys.executable, "-m", "retriever_server.build_index", "--corpus", str(src / "corpus.jsonl"),
+                 "--model", str(index / "minilm"), "--out", str(index), "--batch-size", "32"]
+        proc = subprocess.run(build, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for path in [index, *index.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield index
+    finally:
+        shutil.rmtree(index, ignore_errors=True)
+
+
+@dataclass
+class Stack:
+    retriever: str
+    sandbox: str
+    compose: list[str]
+    env: dict[str, str]
+
+    def container(self, service: str) -> str:
+        proc = run([*self.compose, "ps", "-q", service], env=self.env, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
+        return proc.stdout.strip()
+
+    def logs(self) -> str:
+        return run([*self.compose, "logs", "--no-color", "--tail", "40"], env=self.env, timeout=60).stdout[-4000:]
+
+
+def wait_answering(url: str, stack: Stack, deadline_s: float = 240) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            if requests.get(url, timeout=3).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} did not answer within {deadline_s} s; compose logs:\n{stack.logs()}")
+
+
+def on_host_network(env: dict[str, str], dest: Path) -> Path:
+    """docker-compose.yml as Compose renders it with `env`, the two services moved onto the host's
+    network: `network_mode: host` and no `ports:` (the engine ignores them there, and Compose v1,
+    which has no `!reset` to drop them in an override file, refuses the pair)."""
+    proc = compose_config(REPO / "docker-compose.yml", **env)
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    for name in ("retriever", "sandbox"):
+        config["services"][name]["network_mode"] = "host"
+        del config["services"][name]["ports"]
+    dest.write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def stack(request, tmp_path_factory) -> Stack:
+    """`up` the retriever and the Docker-backend sandbox of docker-compose.yml, `down -v` after,
+    whatever happened.
+
+    Why host networking: CI's engine (scripts/docker_ci.sh) runs with `--bridge=none
+    --iptables=false` so that the tests never change the host's network, so it has no bridge
+    network: a container's only choices are `host` and `none`, and a `ports:` mapping has nothing
+    to forward to. With `network_mode: host` each service listens on RETRIEVER_PORT / SANDBOX_PORT
+    itself (the compose file makes a service listen on the port it publishes), and the test
+    reaches it there. LISTEN_HOST=127.0.0.1 keeps both on loopback; the ports are free ones.
+    Everything else is the file as shipped (commands, healthchecks, volumes, socket mount).
+    """
+    compose = compose_command()
+    images = {"TOOLS_IMAGE": tools_image(), "SANDBOX_IMAGE": sandbox_image()}
+    small_index = request.getfixturevalue("small_index")  # after the skips: its build takes a while
+    settings = {**images, "INDEX_DIR": str(small_index), "RETRIEVER_PORT": str(free_port()),
+                "SANDBOX_PORT": str(free_port()), "LISTEN_HOST": "127.0.0.1", "DOCKER_SOCKET": engine_socket(),
+                "RETRIEVER_ARGS": "--model /index/minilm", "HF_HUB_OFFLINE": "1", "SANDBOX_CONCURRENCY": "2"}
+    env = {k: v for k, v in docker_env().items() if not k.startswith(("RETRIEVER_", "SANDBOX_", "INDEX_DIR"))}
+    env.update(settings)
+    rendered = on_host_network(settings, tmp_path_factory.mktemp("compose") / "docker-compose.yml")
+    cmd = [*compose, "--project-name", f"sgrpo-ci-{os.getpid()}", "--project-directory", str(REPO),
+           "-f", str(rendered)]
+    st = Stack(f"http://127.0.0.1:{settings['RETRIEVER_PORT']}", f"http://127.0.0.1:{settings['SANDBOX_PORT']}",
+               cmd, env)
+    try:
+        up = run([*cmd, "up", "-d", "--no-build", "retriever", "sandbox"], env=env, timeout=600)
+        assert up.returncode == 0, f"compose up failed:\n{up.stdout[-2000:]}\n{up.stderr[-3000:]}"
+        wait_answering(st.retriever + "/health", st)
+        wait_answering(st.sandbox + "/health", st)
+        yield st
+    finally:
+        down = run([*cmd, "down", "-v", "--remove-orphans"], env=env, timeout=300)
+        assert down.returncode == 0, f"compose down failed:\n{down.stderr[-2000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_stack_healthchecks_turn_healthy(stack):
+    """Compose's own healthchecks (run inside each container) reach the service on its port."""
+    status = {}
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        for service in ("retriever", "sandbox"):
+            proc = run(["docker", "inspect", "-f", "{{.State.Health.Status}}", stack.container(service)], timeout=60)
+            status[service] = proc.stdout.strip()
+        if set(status.values()) == {"healthy"}:
+            return
+        time.sleep(3)
+    raise AssertionError(f"healthchecks say {status}; compose logs:\n{stack.logs()}")
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_retrieve_through_the_stack_finds_each_article(stack):
+    """The body Search-R1's `_batch_search` posts; each question's own article ranks first."""
+    body = {"queries": list(STACK_QUESTIONS), "topk": 3, "return_scores": True}
+    resp = requests.post(stack.retriever + "/retrieve", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    result = resp.json()["result"]
+    top = [hits[0]["document"]["contents"].split("\n")[0].strip('"') for hits in result]
+    assert top == list(STACK_QUESTIONS.values())
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_run_code_through_the_stack_runs_in_a_sandbox_container(stack):
+    """SandboxFusion's own client against the compose sandbox: the code runs in a container the
+    service started through the mounted socket, as nobody, with no network."""
+    sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (a test dependency)")
+    code = ("import os, socket\nprint('hello from compose', os.getuid())\n"
+            "print(sorted(n for _, n in socket.if_nameindex()))")
+    resp = sandbox_fusion.run_code(sandbox_fusion.RunCodeRequest(code=code, language="python"),
+                                   endpoint=stack.sandbox, max_attempts=1)
+    assert resp.status == "Success", resp
+    assert resp.run_result.stdout == "hello from compose 65534\n['lo']\n"

@@ -1,87 +1,29 @@
-"""Build the Dockerfile's `tools` stage offline and check its two services answer /health.
+"""The Dockerfile's `tools` stage built offline (tests/docker_images.py: debootstrap base, host-side
+wheelhouse, `--network=none`), and sandbox/image/build.sh's exit status, which tells a missing
+host piece (3: callers skip) from our own failure (1: callers fail).
 
-Offline means: no registry and no PyPI inside the build (`--network=none`). The base is a
-Debian bookworm rootfs from debootstrap imported with `docker import` (sandbox/image/build.sh,
-with python3-venv + bubblewrap added), and the Python deps are wheels downloaded on the host
-into the build context's wheelhouse. Every missing prerequisite skips with the reason.
+The compose test (tests/test_compose.py) runs both services of this image for real; here the
+image's own contract: only the two services, as nobody, and the retriever starts without an index.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import shutil
 import socket
-import subprocess
-import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from docker_images import BUILD_SH, docker_env, require_engine, run, tools_image
 
-REPO = Path(__file__).resolve().parent.parent
-BASE_IMAGE = "sgrpo-tools-base:bookworm"
-IMAGE = "sgrpo-tools:ci"
-SANDBOX_IMAGE = "sgrpo-sandbox:latest"
-DOCKER_ENV_FILE = Path(os.environ.get("SGRPO_DOCKER_DIR", "/tmp/sgrpo-docker")) / "env"
+from sandbox.serve import EXIT_ENVIRONMENT
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-def docker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    if "DOCKER_HOST" not in env and DOCKER_ENV_FILE.is_file():
-        for line in DOCKER_ENV_FILE.read_text().splitlines():
-            key, _, value = line.removeprefix("export ").partition("=")
-            if key == "DOCKER_HOST":
-                env["DOCKER_HOST"] = value
-    return env
-
-
-def run(cmd: list[str], timeout: int = 900, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, env=docker_env(), timeout=timeout, **kw)
-
-
-def skip(reason: str) -> None:
-    print(f"SKIP test_tools_image: {reason}", file=sys.stderr)
-    pytest.skip(reason)
-
-
-def socket_path() -> str:
-    host = docker_env().get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    return host.removeprefix("unix://")
-
-
-@pytest.fixture(scope="module")
-def tools_image(tmp_path_factory) -> str:
-    if not shutil.which("docker"):
-        skip("no docker CLI (scripts/docker_ci.sh install)")
-    if run(["docker", "version"], timeout=30).returncode != 0:
-        skip(f"no Docker engine answers at {socket_path()} (scripts/docker_ci.sh start)")
-    if run(["docker", "image", "inspect", BASE_IMAGE]).returncode != 0:
-        env = {**docker_env(), "SANDBOX_IMAGE": BASE_IMAGE, "EXTRA_PACKAGES": "python3-venv,bubblewrap"}
-        proc = subprocess.run([str(REPO / "sandbox" / "image" / "build.sh")], capture_output=True, text=True,
-                              env=env, timeout=1200)
-        if proc.returncode != 0:
-            skip(f"offline base image (debootstrap + docker import) failed: {proc.stderr.strip()[-400:]}")
-    ctx = tmp_path_factory.mktemp("tools-context")
-    for part in ("retriever_server", "sandbox"):
-        shutil.copytree(REPO / part, ctx / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy(REPO / "Dockerfile", ctx / "Dockerfile")
-    docker_dir = ctx / "examples" / "docker"
-    (docker_dir / "wheelhouse").mkdir(parents=True)
-    shutil.copy(REPO / "examples" / "docker" / "requirements-tools.txt", docker_dir / "requirements-tools.txt")
-    dl = run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.11",
-              "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
-              "--implementation", "cp", "-d", str(docker_dir / "wheelhouse"),
-              "-r", str(docker_dir / "requirements-tools.txt")])
-    if dl.returncode != 0:
-        skip(f"could not download the tools wheels from PyPI on the host: {dl.stderr.strip()[-400:]}")
-    build = run(["docker", "build", "--network=none", "--target", "tools", "-t", IMAGE,
-                 "--build-arg", f"TOOLS_BASE={BASE_IMAGE}", "--build-arg", "PIP_OFFLINE=1",
-                 "--build-arg", "TOOLS_ENCODERS=", str(ctx)], timeout=1800)
-    assert build.returncode == 0, f"offline build of the tools stage failed:\n{build.stdout[-3000:]}\n{build.stderr[-3000:]}"
-    return IMAGE
+pytestmark = pytest.mark.docker
 
 
 def free_port() -> int:
@@ -90,18 +32,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_health(url: str, container: str, deadline_s: float = 90) -> dict:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            with urllib.request.urlopen(url, timeout=3) as resp:
-                return {"status": resp.status, "body": resp.read().decode()}
-        except OSError:
-            time.sleep(1)
-    logs = run(["docker", "logs", container]).stderr[-2000:]
-    raise AssertionError(f"{url} did not answer within {deadline_s} s; container logs:\n{logs}")
+# ---------------------------------------------------------------- build.sh's exit status
+def build_sh(tmp_path: Path, path: str | None = None, **env: str):
+    """build.sh for an image that is not there, with an empty cache: it must decide before debootstrap."""
+    full = {**docker_env(), "SANDBOX_IMAGE": "sgrpo-buildsh-probe:never", "SGRPO_CACHE": str(tmp_path / "cache"), **env}
+    if path is not None:
+        full["PATH"] = path
+    return run([shutil.which("bash"), str(BUILD_SH)], timeout=120, env=full)
 
 
+def only_these_commands(tmp_path: Path, *names: str) -> str:
+    """A PATH holding links to just these commands."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in names:
+        (bin_dir / name).symlink_to(shutil.which(name))
+    return str(bin_dir)
+
+
+@pytest.fixture
+def engine():
+    require_engine()
+
+
+def test_build_sh_without_debootstrap_is_an_environment_gap(engine, tmp_path):
+    path = only_these_commands(tmp_path, "docker", "md5sum", "cut", "mkdir")
+    proc = build_sh(tmp_path, path=path)
+    assert proc.returncode == EXIT_ENVIRONMENT, proc.stderr
+    assert "debootstrap not installed" in proc.stderr
+
+
+def needs_debootstrap_as_root():
+    if not shutil.which("debootstrap") or os.geteuid() != 0:
+        pytest.skip("the mirror check runs only where debootstrap could run (installed, as root)")
+
+
+def test_build_sh_with_the_mirror_out_of_reach_is_an_environment_gap(engine, tmp_path):
+    needs_debootstrap_as_root()
+    proc = build_sh(tmp_path, DEBIAN_MIRROR=f"http://127.0.0.1:{free_port()}/debian")
+    assert proc.returncode == EXIT_ENVIRONMENT, proc.stderr
+    assert "the Debian mirror cannot be reached" in proc.stderr
+
+
+def test_build_sh_with_a_wrong_suite_is_our_error(engine, tmp_path):
+    """A mirror that answers 404 for the suite is a setting to fix: status 1, never a skip."""
+    needs_debootstrap_as_root()
+    (tmp_path / "debian").mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = build_sh(tmp_path, DEBIAN_MIRROR=f"http://127.0.0.1:{server.server_port}/debian",
+                        DEBIAN_SUITE="no-such-suite")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 1, proc.stderr
+    assert "404" in proc.stderr and "DEBIAN_SUITE" in proc.stderr
+
+
+# ---------------------------------------------------------------- the tools image
 @pytest.fixture
 def containers():
     started: list[str] = []
@@ -110,27 +100,30 @@ def containers():
         run(["docker", "rm", "-f", cid], timeout=60)
 
 
-def test_retriever_answers_health(tools_image, containers):
+@pytest.mark.slow
+def test_image_holds_only_the_two_services_and_runs_as_nobody(engine):
+    probe = ("import importlib.util as u, os; print(os.getuid(), "
+             "[m for m in ('retriever_server', 'sandbox', 'openrlhf_sgrpo', 'agent_env') if u.find_spec(m)])")
+    proc = run(["docker", "run", "--rm", "--network", "none", tools_image(), "python3", "-c", probe], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "65534 ['retriever_server', 'sandbox']"
+
+
+@pytest.mark.slow
+def test_retriever_without_an_index_answers_health(engine, containers):
+    """Web-search-only mode (no --index): the image's default command minus the index."""
     port = free_port()
-    proc = run(["docker", "run", "-d", "--network", "host", tools_image, "python3", "-m", "retriever_server.serve",
+    proc = run(["docker", "run", "-d", "--network", "host", tools_image(), "python3", "-m", "retriever_server.serve",
                 "--host", "127.0.0.1", "--port", str(port)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     containers.append(proc.stdout.strip())
-    health = wait_health(f"http://127.0.0.1:{port}/health", containers[-1])
-    assert health["status"] == 200
-
-
-def test_sandbox_answers_health_through_the_docker_socket(tools_image, containers):
-    if run(["docker", "image", "inspect", SANDBOX_IMAGE]).returncode != 0:
-        proc = run([str(REPO / "sandbox" / "image" / "build.sh")], timeout=1200)
-        if proc.returncode != 0:
-            skip(f"{SANDBOX_IMAGE} could not be built offline: {proc.stderr.strip()[-400:]}")
-    port = free_port()
-    proc = run(["docker", "run", "-d", "--network", "host", "--user", "0:0",
-                "-v", f"{socket_path()}:/var/run/docker.sock", tools_image,
-                "python3", "-m", "sandbox.serve", "--backend", "docker", "--host", "127.0.0.1", "--port", str(port),
-                "--max-concurrency", "2"], timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    containers.append(proc.stdout.strip())
-    health = wait_health(f"http://127.0.0.1:{port}/health", containers[-1])
-    assert health["status"] == 200
+    url, end = f"http://127.0.0.1:{port}/health", time.monotonic() + 180
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(url, timeout=3) as resp:
+                assert resp.status == 200
+                return
+        except OSError:
+            time.sleep(1)
+    logs = run(["docker", "logs", containers[-1]]).stderr[-2000:]
+    raise AssertionError(f"{url} did not answer within 180 s; container logs:\n{logs}")

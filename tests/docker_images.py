@@ -1,0 +1,245 @@
+"""Offline images for the Docker tests (tools image, compose stack, train stage), built once per
+pytest process and reused by every test module that asks (the engine keeps them between runs,
+and an unchanged context rebuilds from the layer cache).
+
+Offline means no registry and no package index inside a build (`docker build --network=none`):
+the base is a Debian rootfs from debootstrap imported with `docker import`
+(sandbox/image/build.sh), and the Python deps are wheels downloaded on the host into the build
+context's `examples/docker/wheelhouse/`. The classic builder runs the builds (`DOCKER_BUILDKIT=0`):
+BuildKit would fetch the `# syntax=` frontend image from a registry.
+
+Skips happen only for a missing environment piece: no docker CLI or engine, build.sh's exit
+status 3, the host's torch not a CPU build, or the package index out of reach. Anything else (our
+Dockerfile, build.sh failing for another reason, requirements that do not resolve) fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends.docker_pool import docker_host
+from sandbox.serve import EXIT_ENVIRONMENT
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SH = REPO / "sandbox" / "image" / "build.sh"
+SANDBOX_IMAGE = "sgrpo-sandbox:latest"
+TOOLS_BASE = "sgrpo-tools-base:bookworm"  # debootstrap bookworm + python3-venv + bubblewrap
+TOOLS_IMAGE = "sgrpo-tools:ci"
+TRAIN_IMAGE = "sgrpo-train:ci-cpu"
+IMAGE_PYTHON = "3.11"  # Debian bookworm's python3: the wheels must fit it
+PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+CONTEXT_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.whl")
+
+
+def docker_env() -> dict[str, str]:
+    """The environment with scripts/docker_ci.sh's DOCKER_HOST when none is set."""
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    host = docker_host()
+    if host:
+        env["DOCKER_HOST"] = host
+    return env
+
+
+def run(cmd: list[str], timeout: float = 900, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, env=kw.pop("env", docker_env()),
+                          timeout=timeout, check=False, **kw)
+
+
+def skip(reason: str) -> None:
+    print(f"SKIP: {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+def engine_socket() -> str:
+    """Path of the engine's unix socket on this host (what a compose service mounts)."""
+    return (docker_host() or "unix:///var/run/docker.sock").removeprefix("unix://")
+
+
+def require_engine() -> None:
+    if not shutil.which("docker"):
+        skip("no docker CLI (scripts/docker_ci.sh install)")
+    if run(["docker", "version"], timeout=30).returncode != 0:
+        skip(f"no Docker engine answers at {engine_socket()} (scripts/docker_ci.sh start)")
+
+
+def image_present(image: str) -> bool:
+    return run(["docker", "image", "inspect", image], timeout=60).returncode == 0
+
+
+def offline_base(image: str, extra_packages: str = "") -> str:
+    """`image` from sandbox/image/build.sh: a skip on its status 3 (host lacks a piece), else it must work."""
+    require_engine()
+    env = {**docker_env(), "SANDBOX_IMAGE": image}
+    if extra_packages:
+        env["EXTRA_PACKAGES"] = extra_packages
+    proc = run([str(BUILD_SH)], timeout=1500, env=env)
+    if proc.returncode == EXIT_ENVIRONMENT:
+        skip(f"{image} cannot be built here: {proc.stderr.strip()[-400:]}")
+    assert proc.returncode == 0, f"sandbox/image/build.sh failed for {image} (status {proc.returncode}):\n" \
+                                 f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return image
+
+
+def sandbox_image() -> str:
+    return offline_base(SANDBOX_IMAGE)
+
+
+def index_url() -> str:
+    return os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+
+
+def index_reachable() -> bool:
+    try:
+        with urllib.request.urlopen(f"{index_url()}/pip/", timeout=15):
+            return True
+    except OSError:
+        return False
+
+
+def cpu_torch_pin() -> str:
+    """The host venv's torch, which must be a CPU build (a CUDA one would pull GBs of nvidia wheels)."""
+    version = importlib.metadata.version("torch")
+    if "+cpu" not in version:
+        skip(f"the host's torch {version} is not a CPU build: the image wheelhouse takes the host's torch")
+    return f"torch=={version}"
+
+
+def download_wheels(dest: Path, *requirements: str) -> None:
+    """Wheels for the image's Python into `dest` (the build context's wheelhouse), from the host."""
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
+                IMAGE_PYTHON, "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)],
+                "--find-links", str(dest), "-d", str(dest), *requirements], timeout=1200)
+    if proc.returncode != 0:
+        if not index_reachable():
+            skip(f"the package index {index_url()} cannot be reached to fill the wheelhouse")
+        pytest.fail(f"pip download {' '.join(requirements)} failed with the index reachable:\n{proc.stderr[-3000:]}")
+
+
+def download_torch(dest: Path) -> None:
+    """The host's CPU torch wheel: a skip when pip finds none (a CPU wheel is not on PyPI proper)."""
+    pin = cpu_torch_pin()
+    proc = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(dest),
+                "--python-version", IMAGE_PYTHON, "--platform", PLATFORMS[-1], pin], timeout=1200)
+    if proc.returncode != 0:
+        skip(f"no wheel for {pin} on pip's indexes or find-links (the image takes the host's CPU torch): "
+             f"{proc.stderr.strip()[-300:]}")
+
+
+def build_context(dest: Path, parts: list[str]) -> Path:
+    """A build context holding only `parts` of the repository (plus .dockerignore)."""
+    for part in [*parts, ".dockerignore"]:
+        src, out = REPO / part, dest / part
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, out, ignore=CONTEXT_IGNORE, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, out)
+    return dest
+
+
+def stage_only(context: Path, stage: str) -> Path:
+    """The Dockerfile's global ARGs plus one stage's own text, as `Dockerfile.<stage>` in `context`.
+
+    The classic builder builds every stage before the target (BuildKit skips unneeded ones, but
+    it would pull its frontend from a registry): `train` alone must not build `tools` first."""
+    text = (context / "Dockerfile").read_text()
+    start = text.index(f"AS {stage}\n")
+    start = text.rindex("\nFROM ", 0, start) + 1
+    out = context / f"Dockerfile.{stage}"
+    out.write_text(text[:text.index("\nFROM ") + 1] + text[start:])
+    return out
+
+
+def docker_build(context: Path, target: str, tag: str, dockerfile: Path | None = None, **build_args: str) -> str:
+    args = [a for k, v in build_args.items() for a in ("--build-arg", f"{k}={v}")]
+    args += ["-f", str(dockerfile)] if dockerfile else []
+    proc = run(["docker", "build", "--force-rm", "--network=none", "--target", target, "-t", tag, *args, str(context)],
+               timeout=2400)
+    assert proc.returncode == 0, f"offline build of the {target} stage failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    return tag
+
+
+def _tmp(name: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"sgrpo-{name}-"))
+
+
+@functools.cache
+def tools_image() -> str:
+    """The Dockerfile's `tools` stage with the dense encoders (CPU torch + sentence-transformers)."""
+    base = offline_base(TOOLS_BASE, "python3-venv,bubblewrap")
+    ctx = build_context(_tmp("tools"), ["Dockerfile", "retriever_server", "sandbox", "examples/docker"])
+    try:
+        wheels = ctx / "examples" / "docker" / "wheelhouse"
+        download_torch(wheels)
+        download_wheels(wheels, "-r", str(wheels.parent / "requirements-tools.txt"), "sentence-transformers",
+                        cpu_torch_pin())
+        return docker_build(ctx, "tools", TOOLS_IMAGE, TOOLS_BASE=base, PIP_OFFLINE="1")
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+
+
+SDIST_ONLY = ("deepspeed",)  # no wheel on PyPI: built once on the host (pure Python without DS_BUILD_OPS)
+
+
+def sdist_wheels(dest: Path, requirements: Path) -> None:
+    """Wheels for requirements PyPI ships only as sdists, built with the host venv, cached."""
+    from openrlhf_sgrpo.assets import cache_dir
+
+    cache = cache_dir() / "wheels"
+    pins = [ln.split("#")[0].strip() for ln in requirements.read_text().splitlines()
+            if ln.split("#")[0].strip().split("==")[0] in SDIST_ONLY]
+    for pin in pins:
+        name, _, version = pin.partition("==")
+        found = sorted(cache.glob(f"{name}-{version}-py3-none-any.whl"))
+        if not found:
+            proc = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(cache), pin], timeout=1200)
+            if proc.returncode != 0 and not index_reachable():
+                skip(f"the package index {index_url()} cannot be reached to build {pin}")
+            found = sorted(cache.glob(f"{name}-{version}-py3-none-any.whl"))
+            assert found, f"pip wheel {pin} made no pure-Python wheel in {cache}:\n{proc.stderr[-2000:]}"
+        shutil.copy2(found[-1], dest / found[-1].name)
+
+
+def build_requires(pyproject: Path) -> list[str]:
+    """[build-system] requires: the offline editable install builds in isolation from the wheelhouse."""
+    block = re.search(r"^\[build-system\][^\[]*?^requires\s*=\s*\[([^\]]*)\]", pyproject.read_text(),
+                      re.MULTILINE | re.DOTALL)
+    assert block, f"no [build-system] requires in {pyproject}"
+    return re.findall(r'"([^"]+)"', block.group(1))
+
+
+@functools.cache
+def train_image() -> str:
+    """The Dockerfile's `train` stage with TRAIN_DEPS=cpu on the tools image (Debian + CPU torch):
+    everything `make install` installs; the NGC base and requirements-gpu.txt cannot be had offline."""
+    base = tools_image()
+    ctx = build_context(_tmp("train"), [
+        "Dockerfile", "pyproject.toml", "README.md", "requirements.txt", "requirements-nodeps.txt",
+        "requirements-gpu.txt", "openrlhf_sgrpo", "agent_env", "retriever_server", "sandbox", "examples"])
+    try:
+        wheels = ctx / "examples" / "docker" / "wheelhouse"
+        wheels.mkdir(parents=True, exist_ok=True)
+        sdist_wheels(wheels, ctx / "requirements.txt")
+        download_torch(wheels)  # requirements.txt pins torch; the base has this very build installed
+        download_wheels(wheels, "-r", str(ctx / "requirements.txt"))
+        download_wheels(wheels, "--no-deps", "-r", str(ctx / "requirements-nodeps.txt"))
+        download_wheels(wheels, *build_requires(ctx / "pyproject.toml"))
+        for whl in wheels.glob("torch-*.whl"):
+            whl.unlink()  # already in the base: 190 MB less to send and to copy into a layer
+        return docker_build(ctx, "train", TRAIN_IMAGE, stage_only(ctx, "train"), TRAIN_BASE=base, PIP_OFFLINE="1",
+                            TRAIN_DEPS="cpu")
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
