@@ -47,7 +47,6 @@ class HFGenerationEngine:
         self._queue: list[_Request] = []
         self._worker: asyncio.Task | None = None
         self.batches_run = 0
-        self.tokens_generated = 0
 
     @staticmethod
     def _eos_ids(model, tokenizer) -> set[int]:
@@ -121,7 +120,6 @@ class HFGenerationEngine:
                 r.logprobs.append(float(logps[i]))
                 if not self._check_finished(r):
                     keep.append(i)
-            self.tokens_generated += len(live)
             if not keep:
                 return
             step = tokens.to(self.device).unsqueeze(1)
