@@ -306,3 +306,17 @@ def test_interval_union_and_uncovered_time():
     assert union_length([]) == 0
     assert uncovered_length([(0, 4)], [(1, 2), (3, 5)]) == pytest.approx(2)
     assert uncovered_length([(1, 2)], [(0, 3)]) == 0
+
+
+@pytest.mark.parametrize("mid_update", [False, True])
+def test_ctrl_c_saves_only_weights_that_belong_to_a_completed_step(tiny, tmp_path, mid_update):
+    trainer = _trainer(tiny, tmp_path, train_batch_size=4)
+
+    def interrupted():
+        trainer._mid_update = mid_update  # as if 0 or 1 of the step's two optimizer steps had run
+        raise KeyboardInterrupt
+
+    trainer.train_step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(progress=False)
+    assert (latest_checkpoint(tmp_path / "checkpoints") is None) == mid_update

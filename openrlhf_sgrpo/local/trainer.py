@@ -18,8 +18,9 @@ One step mirrors OpenRLHF's (``make_experience``, then ``ActorPPOTrainer.ppo_tra
      quantity of the step in one place.
 Unlike OpenRLHF's replay buffer, which shuffles single samples, the shuffle here moves whole
 prompt groups (a mini-batch that is a multiple of ``n_samples`` holds complete groups, as in
-verl's mini-batches). Ctrl-C during a step leaves the last completed step's checkpoint
-(weights only change at ``optimizer.step``), so ``resume`` continues from there.
+verl's mini-batches). Ctrl-C between steps, or before a step's first optimizer step, saves the
+last completed step; Ctrl-C after it keeps the last checkpoint (the weights are then between
+two steps), so ``resume`` always continues from a completed step.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ class LocalTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.stream = PromptStream(questions, cfg.seed)
         self.step = 0
+        self._mid_update = False  # an optimizer step of the unfinished step has changed the weights
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @staticmethod
@@ -233,9 +235,14 @@ class LocalTrainer:
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                     self.save()
         except KeyboardInterrupt:
-            self.optimizer.zero_grad(set_to_none=True)  # a half-accumulated step is dropped
-            path = self.save()
-            bar.write(f"interrupted: checkpoint of step {self.step} saved in {path}; rerun with --resume")
+            self.optimizer.zero_grad(set_to_none=True)  # a half-accumulated mini-batch is dropped
+            if self._mid_update:  # some of this step's optimizer steps ran: the weights are no step's
+                kept = latest_checkpoint(self.ckpt_dir)
+                bar.write(f"interrupted during step {self.step + 1}'s update; the last checkpoint "
+                          f"({kept.name if kept else 'none'}) is kept; rerun with --resume")
+            else:
+                path = self.save()
+                bar.write(f"interrupted: checkpoint of step {self.step} saved in {path}; rerun with --resume")
             raise
         finally:
             bar.close()
@@ -253,7 +260,7 @@ class LocalTrainer:
                                   self.ref_model)
         with Stopwatch() as upd_time:
             updates, sample_updates = self._ppo_train(exp, step)
-        self.step = step
+        self.step, self._mid_update = step, False
         adv = exp.advantage
         record = {
             "reward": float(adv.rewards.mean()), "reward_std": float(adv.rewards.std()) if len(samples) > 1 else 0.0,
@@ -347,6 +354,7 @@ class LocalTrainer:
             return {"skipped": 1.0, "tokens": 0.0}
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
+        self._mid_update = True
         self.optimizer.zero_grad(set_to_none=True)
         out: dict[str, float] = {}
         for _, stats in window:
