@@ -57,6 +57,26 @@ def test_greedy_batched_rows_pick_the_argmax_of_a_full_forward(tiny):
         assert torch.all(picked >= logits.max(-1).values - 1e-4), (got, logits.argmax(-1).tolist())
 
 
+def test_chunked_prefill_computes_what_one_forward_does(tiny):
+    """Prompts prefilled 3 tokens at a time, left-padded in one batch: same argmaxes, same
+    log-probs as a full forward of each unpadded row."""
+    model, tok = tiny
+    engine = HFGenerationEngine(model, tok, max_batch=8, prefill_chunk=3)
+    prompts = ids(tok, PROMPTS)
+    outs = generate_all(engine, prompts, SamplingParams(temperature=0.0, max_tokens=6, min_tokens=6, logprobs=1))
+    assert engine.batches_run == 1 and max(map(len, prompts)) > 3 * 2
+    for p, out in zip(prompts, outs):
+        got = out.outputs[0].token_ids
+        logits = _full_forward_logits(model, p, got)
+        picked = logits.gather(1, torch.tensor(got).unsqueeze(1)).squeeze(1)
+        assert torch.all(picked >= logits.max(-1).values - 1e-4)
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(got).unsqueeze(1)).squeeze(1)
+        assert torch.allclose(torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, got)]), ref,
+                              atol=1e-4)
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        HFGenerationEngine(model, tok, prefill_chunk=0)
+
+
 def _steer(model, tok, text: str, after: list[int]):
     """A forward hook that makes greedy decoding write ``text``: +1e4 on the logit of the next
     token of ``text`` after its previous one (or after any token in ``after``, the prompts' last)."""

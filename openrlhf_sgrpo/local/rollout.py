@@ -66,10 +66,12 @@ class TimedTool:
 
 
 def release_freed_memory() -> None:
-    """Hand the memory freed by generation back to the OS (glibc's ``malloc_trim``; a no-op
-    elsewhere). The engine runs its batches on worker threads, whose malloc arenas keep freed
-    KV caches and activations (~0.6 GB after a SmolLM2 rollout) where the training thread cannot
-    reuse them, so without this they add to the update's peak."""
+    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
+
+    The engine runs its batches on worker threads, whose malloc arenas keep freed KV caches and
+    activations (~0.6 GB after a SmolLM2 rollout) where the training thread cannot reuse them,
+    and the other way round for what an update freed. A rollout trims on entry and on exit, so
+    neither side's leftovers add to the other's peak."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
@@ -145,6 +147,7 @@ class AgentRollout:
         if len(prompts) != len(golds):
             raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
         self.recorder.clear()
+        release_freed_memory()
         start = time.monotonic()
         jobs = [(p, g, self._script(k, p, g)) for p, g in zip(prompts, golds) for k in range(n)]
         responses = self.loop.run_until_complete(self._run_all(jobs, greedy, desc, progress))
@@ -174,6 +177,7 @@ class AgentRollout:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.recorder.clear()
+        release_freed_memory()
         start = time.monotonic()
 
         async def main() -> None:
