@@ -222,6 +222,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.report import before_after_table, plot_report, steps_table
     from openrlhf_sgrpo.eval.core import evaluate, summarize
+    from openrlhf_sgrpo.local.heap import map_large_allocations
     from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
     from openrlhf_sgrpo.local.rollout import AgentRollout
@@ -230,6 +231,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.local.step_log import StepLogger, read_step_log
     from openrlhf_sgrpo.local.trainer import LocalTrainer
 
+    map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
     out = args.out
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")

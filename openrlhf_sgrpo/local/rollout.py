@@ -12,7 +12,6 @@ may fix the first turn of chosen sample slots of every training group (see :mod:
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import json
 import time
@@ -26,6 +25,7 @@ from agent_env.config import AgentConfig
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo.local.experience import Sample, tensorize_response
+from openrlhf_sgrpo.local.heap import release_freed_memory
 from openrlhf_sgrpo.local.sampling import SamplingParams
 from openrlhf_sgrpo.local.scripted import FirstTurnForced, FirstTurnScript
 from openrlhf_sgrpo.local.timing import IntervalRecorder, rollout_timing
@@ -63,19 +63,6 @@ class TimedTool:
             finally:
                 self._recorder.add(self._kind, start, time.monotonic())
         return timed
-
-
-def release_freed_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
-
-    The engine runs its batches on worker threads, whose malloc arenas keep freed KV caches and
-    activations (~0.6 GB after a SmolLM2 rollout) where the training thread cannot reuse them,
-    and the other way round for what an update freed. A rollout trims on entry and on exit, so
-    neither side's leftovers add to the other's peak."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _unwrap(client):
