@@ -7,7 +7,7 @@
 - kernel: the per-sample reward shaping alone (our segment-op estimator vs group_norm's
   reshape/mean/std), to show the estimator's own cost.
 Importing OpenRLHF's trainer modules on a CPU machine needs import-only stand-ins for vllm and
-flash_attn (the same ones the tests use); no GPU code runs.
+flash_attn (``openrlhf_sgrpo.testing``, shared with the tests); no GPU code runs.
 
     .venv/bin/python bench/advantage_speed.py [--prompts 512] [--n 16] [--repeats 7]
 """
@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import statistics
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-
-def _install_stubs() -> None:
-    spec = importlib.util.spec_from_file_location("_stubs", Path(__file__).parents[1] / "tests" / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.install_gpu_import_stubs()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from openrlhf_sgrpo.testing import install_gpu_import_stubs  # noqa: E402
 
 
 def make_batches(prompts: int, n: int, micro: int, resp_len: int, seed: int = 0) -> list:
@@ -81,7 +77,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=11)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    _install_stubs()
+    install_gpu_import_stubs()
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 

@@ -4,11 +4,13 @@
 
 Runs real Stratified GRPO steps (HF engine, OpenRLHF's agent executor, the real retriever over
 MiniLM-encoded wiki extracts, the real sandbox) and prints per step: generate / tools /
-advantage / update seconds, plus
-  * wall / tool-sum  : rollout wall time over the summed latency of every tool call;
-  * exposed / tool-sum: tool time during which no generate call was in flight, over the summed
-                        tool latency (the goal is <= 0.25: tool calls overlap generation and
-                        each other);
+experience (advantages + old log-probs) / update seconds, plus
+  * exposed / tool-sum: THE GOAL, <= 0.25. Tool time during which no generate call was in
+                        flight, over the summed tool latency: the share of tool latency the
+                        rollout did not hide behind generation and other tool calls;
+  * wall / tool-sum  : rollout wall time over the summed tool latency, for context only (it
+                        measures how fast generation is and how often the policy calls tools,
+                        not the overlap);
 and, as a baseline measured in the same run, the same trajectories rolled out one at a time
 (no overlap possible): the speed-up of the concurrent rollout over it.
 With the tiny Qwen2 a few supervised steps first teach the action format (see
@@ -75,7 +77,7 @@ def main() -> int:
         try:
             for r in trainer.train(progress=False):
                 rows.append([r["step"], r["time/generate_busy_s"], r["time/tool_latency_sum_s"],
-                             r["time/advantage_s"], r["time/update_s"], int(r["time/tool_calls"]),
+                             r["time/experience_s"], r["time/update_s"], int(r["time/tool_calls"]),
                              r["time/wall_over_tool_sum"] if r["time/tool_calls"] else float("nan"),
                              r["time/tool_exposed_over_sum"]])
             # Baseline in the same run: the same kind of rollout, one trajectory at a time.
@@ -90,7 +92,7 @@ def main() -> int:
             seq_wall = time.monotonic() - t
         finally:
             rollout.close()
-    print(format_table(["step", "generate s", "tools (sum) s", "advantage s", "update s", "tool calls",
+    print(format_table(["step", "generate s", "tools (sum) s", "experience s", "update s", "tool calls",
                         "wall/tool-sum", "exposed/tool-sum"], rows))
     print(f"\nconcurrent rollout {conc_wall:.2f} s vs one-at-a-time baseline {seq_wall:.2f} s: "
           f"speed-up x{seq_wall / conc_wall:.2f}; exposed tool share of this rollout "

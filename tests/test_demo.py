@@ -1,5 +1,10 @@
 """The demo's ``--smoke`` mode end to end (tiny Qwen2, real index/retriever/sandbox, 2 steps), its
-resume, and its argument errors. The full demo is not run here (about 15 minutes)."""
+resume, and its argument errors. The full demo is not run here (about 15 minutes).
+
+``--smoke`` scripts the first turn of samples 0-2 of every training group (the gold answer, a
+wrong answer, a search), so reward spread and a moving policy hold by construction, whatever the
+CPU samples; ``SGRPO_TEST_SEED_SHIFT`` shifts the demo's ``--seed`` (see openrlhf_sgrpo.testing).
+"""
 
 from __future__ import annotations
 
@@ -8,30 +13,45 @@ import json
 import pytest
 
 from openrlhf_sgrpo.demo.__main__ import main, parse_args
-from openrlhf_sgrpo.local.metrics_log import read_metrics
+from openrlhf_sgrpo.local.step_log import read_step_log
+from openrlhf_sgrpo.testing import shifted_seed
+
+SEED = ["--seed", str(shifted_seed(0))]
 
 
 @pytest.mark.slow
-def test_smoke_demo_writes_report_and_resumes(tmp_path, capsys):
+def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, capsys):
+    """CalibAdv runs on whole groups (it crashed per micro-batch); with --sapo the demo takes two
+    optimizer steps per rollout, and the second sees the ratio to the sampling policy leave 1."""
     out = tmp_path / "run"
-    assert main(["--smoke", "--out", str(out)]) == 0
+    assert main(["--smoke", "--calibadv", "--sapo", "--out", str(out), *SEED]) == 0
     text = capsys.readouterr().out
     for stage in range(1, 8):
         assert f"[{stage}/7]" in text
     assert "held-out metric" in text and "search calls / question" in text and "strata/prompt" in text
+    assert "peak RSS MiB" in text and "previous stage peak RSS" in text
     assert (out / "report.png").stat().st_size > 10_000
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2]
-    assert len(read_metrics(out / "metrics.jsonl", "eval_before")) == 1
+    train = read_step_log(out / "metrics.jsonl", "train")
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        assert r["reward_std"] > 0 and r["scripted_samples"] == 6
+        assert any(k.startswith("calibadv/") for k in r)
+        assert {"sapo/mean_ratio", "sapo/penalized_share", "sapo/term"} <= r.keys()
+        first, second = r["updates"]
+        assert r["optimizer_steps"] == 2 and first["grad_norm"] > 0
+        assert first["log_ratio_max"] < 1e-4, first  # old log-probs are the sampling policy's
+        assert second["log_ratio_max"] > 1e-4 and second["sapo/mean_ratio"] != 1.0, second
+    assert len(read_step_log(out / "metrics.jsonl", "eval_before")) == 1
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
     assert sorted({p["dataset"] for p in preds}) == ["after", "before", "warmup"] and len(preds) == 12
     assert "after warm-up" in text and "after RL" in text
-    assert len(read_metrics(out / "metrics.jsonl", "eval_warmup")) == 1
+    assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1
 
-    assert main(["--smoke", "--out", str(out), "--resume", "--steps", "3"]) == 0
+    assert main(["--smoke", "--calibadv", "--sapo", "--out", str(out), "--resume", "--steps", "3", *SEED]) == 0
     text = capsys.readouterr().out
     assert "resumed at step 2" in text and "after warm-up" in text  # the recorded warm-up column is reused
-    assert len(read_metrics(out / "metrics.jsonl", "eval_warmup")) == 1  # and not re-evaluated
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2, 3]
+    assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1  # and not re-evaluated
+    assert [r["step"] for r in read_step_log(out / "metrics.jsonl", "train")] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -40,6 +60,8 @@ def test_smoke_demo_writes_report_and_resumes(tmp_path, capsys):
     (["--resume"], "--resume needs --out"),
     (["--data", "x.jsonl"], "--data needs the corpus"),
     (["--heldout", "10", "--max-questions", "5"], "must exceed --heldout"),
+    (["--train-batch-size", "3"], "train_batch_size must divide the rollout batch"),
+    (["--max-epochs", "0"], "--max-epochs must be >= 1"),
 ])
 def test_bad_flags_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -62,11 +84,18 @@ def test_smoke_demo_on_a_multi_hop_set_with_its_own_corpus(tmp_path, capsys):
     if not (qa.exists() and corpus.exists()):
         pytest.skip("../shared/data absent: the HotpotQA sample and its corpus live outside the repo")
     out = tmp_path / "run"
-    assert main(["--smoke", "--data", str(qa), "--corpus", str(corpus), "--out", str(out)]) == 0
+    assert main(["--smoke", "--data", str(qa), "--corpus", str(corpus), "--out", str(out), *SEED]) == 0
     text = capsys.readouterr().out
     assert "[7/7]" in text and "held-out metric" in text
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
     held = {p["id"] for p in preds if p["dataset"] == "after"}
     first = [json.loads(line)["id"] for line in qa.read_text().splitlines()[:4]]
     assert held == set(first)  # the first --heldout questions of the file are held out
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")] == [1, 2]
+    assert [r["step"] for r in read_step_log(out / "metrics.jsonl", "train")] == [1, 2]
+
+
+def test_sapo_takes_two_optimizer_steps_per_rollout_by_default():
+    assert parse_args(["--sapo"]).train_batch_size == 4  # 2 prompts x 4 samples: two steps
+    assert parse_args([]).train_batch_size == 8
+    odd = parse_args(["--sapo", "--prompts-per-step", "1"])  # one group cannot be halved: two epochs
+    assert odd.train_batch_size == 4 and odd.max_epochs == 2

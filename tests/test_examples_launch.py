@@ -216,31 +216,35 @@ def run_eval_script(script: str, tmp_path: Path, **env_extra: str) -> subprocess
 
 
 def test_eval_qa_dry_run(tmp_path):
+    """The script is a thin call of `python -m openrlhf_sgrpo.eval`: one prepare_qa.py test file,
+    reported per datasource, with the paper's agent settings."""
     rows = [{"prompt": "p", "question": "q", "answers": ["a"], "datasource": ds} for ds in ("nq", "bamboogle")]
     write_prompts(tmp_path / "data" / "test.jsonl", rows)
     proc = run_eval_script("eval/eval_qa.sh", tmp_path, DATA_DIR=str(tmp_path / "data"), CHAT="1")
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
-    assert cfg["rows"] == 2 and cfg["datasources"] == ["bamboogle", "nq"]
-    assert cfg["input_key"] == "question" and cfg["temperature"] == 0.0
+    assert cfg["datasets"] == {"nq": 1, "bamboogle": 1} and cfg["engine"] == "vllm"
+    assert (cfg["max_len"], cfg["max_tokens_per_turn"], cfg["tensor_parallel_size"]) == (4512, 500, 1)
     agent = cfg["agent"]
     assert (agent["max_turns"], agent["topk"], agent["max_obs_tokens"], agent["template"]) == (4, 3, 500, "search_r1_chat")
+    assert agent["reward"] == "em" and agent["retriever_url"] == "http://127.0.0.1:8000/retrieve"
 
 
 def test_eval_gaia_dry_run(tmp_path):
-    rows = [{"prompt": "p", "question": "q", "answers": ["a"], "datasource": "gaia_level1"}]
-    data = write_prompts(tmp_path / "gaia.jsonl", rows)
-    proc = run_eval_script("qwen3-8b/eval_gaia.sh", tmp_path, GAIA_DATA=str(data))
+    metadata = Path(__file__).parent / "fixtures" / "gaia" / "metadata.jsonl"
+    proc = run_eval_script("qwen3-8b/eval_gaia.sh", tmp_path, GAIA_METADATA=str(metadata))
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads(proc.stdout)
-    assert cfg["agent"]["reward"] == "gaia" and cfg["agent"]["max_turns"] == 10
-    assert cfg["agent"]["template"] == "deep_research" and cfg["input_key"] == "question"
+    assert cfg["gaia_questions"] == 5 and cfg["tensor_parallel_size"] == 2
+    agent = cfg["gaia_agent"]
+    assert agent["reward"] == "gaia" and agent["max_turns"] == 10 and agent["search_backend"] == "web"
+    assert agent["template"] == "deep_research" and agent["sandbox_url"] == "http://127.0.0.1:8080/run_code"
 
 
 def test_eval_reports_missing_data(tmp_path):
     proc = run_eval_script("eval/eval_qa.sh", tmp_path, DATA_DIR=str(tmp_path / "nowhere"))
     assert proc.returncode == 2
-    assert f"--data {tmp_path / 'nowhere' / 'test.jsonl'} does not exist" in proc.stderr
+    assert f"dataset file not found: {tmp_path / 'nowhere' / 'test.jsonl'}" in proc.stderr
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import subprocess
@@ -14,12 +15,26 @@ import torch
 
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.local import upstream
-from openrlhf_sgrpo.local.advantage import AdvantageConfig, cumulative_returns, sample_advantages, token_advantages
+from openrlhf.utils.loss_utils import iter_grad_accum_global_norm
+
+from agent_env import info_keys as K
+from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.calibadv import CalibAdvConfig
 from openrlhf_sgrpo.local.checkpoint import checkpoint_dirs, latest_checkpoint, load_checkpoint, save_checkpoint
+from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.experience import collate, tensorize_response
-from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective
+from openrlhf_sgrpo.local.experience_maker import (
+    AdvantageConfig,
+    cumulative_returns,
+    make_experience,
+    sample_advantages,
+    token_advantages,
+)
+from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_probs
 from openrlhf_sgrpo.local.timing import union_length, uncovered_length
+from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
 from openrlhf_sgrpo.sapo import SAPOConfig
+from openrlhf_sgrpo.testing import shifted_seed
 
 
 def _response(seed: int = 0, n_tokens: int = 30, ranges=((10, 14), (20, 25)), logprobs=True) -> dict:
@@ -133,6 +148,7 @@ def test_sample_advantages_use_the_shared_estimator_and_monitors():
     ref = compute_stratified("stratified_grpo", torch.tensor(rewards), torch.tensor(calls), 4, 0.6)
     assert torch.allclose(res.advantages, ref.float())
     assert res.metrics["sgrpo/strata_per_prompt"] == 2.0 and "sgrpo/in_stratum_var_adv" in res.metrics
+    assert torch.allclose(0.6 * res.san + 0.4 * res.gn, res.advantages)  # the blend's parts, per sample
     grpo = sample_advantages(_samples(rewards, calls), 4, AdvantageConfig(estimator="grpo"))
     assert torch.allclose(grpo.advantages, compute_stratified("stratified_grpo", torch.tensor(rewards),
                                                               torch.tensor(calls), 4, 0.0).float())
@@ -142,22 +158,127 @@ def test_sample_advantages_use_the_shared_estimator_and_monitors():
         sample_advantages(_samples(rewards, calls), 4, AdvantageConfig(stratify_by="search_calls"))
 
 
-def test_micro_batch_losses_sum_to_the_full_batch_loss_and_sapo_kl_terms():
+def test_accumulated_micro_batches_give_the_mini_batch_token_mean_and_sapo_kl_terms():
+    """OpenRLHF's iter_grad_accum_global_norm normalizes every micro-batch by the window's tokens
+    (divided by gas); with DeepSpeed's 1/gas scaling, the micro losses add up to one token mean."""
     g = torch.Generator().manual_seed(0)
     logp = torch.randn(4, 6, generator=g) - 2
     old = logp + 0.3 * torch.randn(4, 6, generator=g)
     adv, mask = torch.randn(4, 6, generator=g), (torch.rand(4, 6, generator=g) > 0.3).float()
     obj = PolicyObjective(LossConfig())
-    n = float(mask.sum())
-    full, _ = obj(logp, old, adv, mask, n)
-    parts = obj(logp[:2], old[:2], adv[:2], mask[:2], n)[0] + obj(logp[2:], old[2:], adv[2:], mask[2:], n)[0]
-    assert torch.allclose(full, parts, atol=1e-6)
-    sapo, stats = PolicyObjective(LossConfig(sapo=SAPOConfig(coef=1.0, ratio_threshold=2.0)))(logp, old, adv, mask, n)
+    full, _ = obj(logp, old, adv, mask, {"batch_num_tokens": float(mask.sum())})
+    parts = list(iter_grad_accum_global_norm([slice(0, 2), slice(2, 4)], None, 2, lambda sl: mask[sl]))
+    assert float(parts[0][1]["batch_num_tokens"]) == float(mask.sum()) / 2
+    accumulated = sum(obj(logp[sl], old[sl], adv[sl], mask[sl], info)[0] / 2 for sl, info in parts)
+    assert torch.allclose(full, accumulated, atol=1e-6)
+    info = {"batch_num_tokens": float(mask.sum())}
+    sapo, stats = PolicyObjective(LossConfig(sapo=SAPOConfig(coef=1.0, ratio_threshold=2.0)))(logp, old, adv, mask, info)
     assert "sapo/term" in stats and float(sapo) != float(full)
     with pytest.raises(ValueError, match="ref_log_probs"):
-        PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, n)
-    kl_loss, kl_stats = PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, n, ref_log_probs=old)
+        PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, info)
+    kl_loss, kl_stats = PolicyObjective(LossConfig(kl_coef=0.1))(logp, old, adv, mask, info, ref_log_probs=old)
     assert kl_stats["kl"] > 0 and float(kl_loss) > float(full)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return assets.tiny_qwen2(seed=shifted_seed(0))
+
+
+def test_log_probs_are_computed_at_action_columns_only_and_match_a_full_forward(tiny):
+    model, _ = tiny
+    samples = [tensorize_response(_response(i, n_tokens=30 - 6 * i, ranges=((4, 9), (14, 18 - i))), 64)
+               for i in range(2)]
+    batch = collate(samples, pad_id=0)
+    got = action_log_probs(model, batch)
+    with torch.no_grad():
+        logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask,
+                       position_ids=(batch.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits[:, :-1]
+        ref = torch.log_softmax(logits.float(), -1).gather(2, batch.sequences[:, 1:].unsqueeze(-1)).squeeze(-1)
+    mask = batch.action_mask.bool()
+    assert torch.allclose(got[mask], ref[mask], atol=1e-5)
+    assert (got[~mask] == 0).all()
+
+
+def _agent_sample(i: int, reward: float, searched: bool, f1: float) -> dict:
+    """An executor response with the agent's turn slots filled: a search turn (doc i % 3) then an answer."""
+    ranges = [(10, 14), (20, 25)] if searched else [(10, 16)]
+    meta = K.empty_metadata(2, 3)
+    meta.update({K.TOOL_CALLS: int(searched), K.SEARCH_CALLS: int(searched), K.ANSWERED: 1, K.F1: f1, K.EM: f1})
+    kinds = ["search", "answer"] if searched else ["answer"]
+    for k, kind in enumerate(kinds):
+        meta[K.turn_kind_key(k)] = K.KIND_CODES[kind]
+    if searched:
+        meta[K.turn_doc_key(0, 0)] = K.encode_doc_id(str(i % 3))
+    meta = K.fill_action_ranges(meta, ranges, 2, 64)
+    return {**_response(i, ranges=ranges, logprobs=False), "reward": reward, "extra_logs": meta}
+
+
+def test_calibadv_runs_on_whole_groups_whatever_the_micro_batch(tiny):
+    """The demo crashed when CalibAdv ran per micro-batch (2 rows, group of 4): it now runs once
+    on the whole rollout, so the micro-batch size only changes how log-probs are batched."""
+    model, _ = tiny
+    rows = [(1.0, True, 1.0), (0.0, True, 0.0), (0.1, False, 0.0), (1.0, False, 1.0),
+            (0.0, True, 0.0), (1.0, True, 1.0), (0.0, False, 0.0), (0.1, True, 0.0)]
+    samples = [tensorize_response(_agent_sample(i, *row), 64) for i, row in enumerate(rows)]
+    cfg = AdvantageConfig(calibadv=CalibAdvConfig())
+    exp2 = make_experience(samples, 4, cfg, model, pad_id=0, micro_batch_size=2)
+    exp8 = make_experience(samples, 4, cfg, model, pad_id=0, micro_batch_size=8)
+    assert exp2.calibadv_stats and exp2.calibadv_stats == exp8.calibadv_stats
+    for a, b, o2, o8 in zip(exp2.token_advantages, exp8.token_advantages, exp2.old_log_probs, exp8.old_log_probs):
+        assert torch.equal(a, b) and torch.allclose(o2, o8, atol=1e-5)
+    assert any(not torch.equal(a, r) for a, r in zip(exp2.token_advantages, exp2.returns))  # calibrated
+
+
+def _trainer(tiny, tmp_path, **cfg) -> LocalTrainer:
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    tcfg = TrainConfig(prompts_per_step=2, n_samples=4, lr=1e-3, seed=shifted_seed(0), **cfg)
+    return LocalTrainer(model, tok, None, [Question("q", "q?", ["a"])], tcfg, tmp_path)
+
+
+def _experience(trainer: LocalTrainer):
+    rewards, calls = [1.0, 0.0, 0.5, 0.0, 0.2, 1.0, 0.0, 0.7], [0, 0, 1, 1, 0, 1, 1, 0]
+    samples = _samples(rewards, calls)
+    return make_experience(samples, 4, trainer.cfg.adv, trainer.model, trainer.pad_id, trainer.cfg.micro_batch_size)
+
+
+def test_ppo_train_takes_mini_batch_steps_over_epochs_and_the_ratio_leaves_one(tiny, tmp_path):
+    """Old log-probs are computed once, so the first optimizer step sees ratio 1 (up to float
+    noise between batchings) and every later one the ratio to the policy that sampled."""
+    trainer = _trainer(tiny, tmp_path, micro_batch_size=2, train_batch_size=4, max_epochs=2,
+                       loss=LossConfig(sapo=SAPOConfig()))
+    exp = _experience(trainer)
+    updates, per_sample = trainer._ppo_train(exp, step=1)
+    assert len(updates) == trainer.cfg.optimizer_steps_per_rollout == 4
+    assert updates[0]["log_ratio_max"] < 1e-4
+    assert all(u["log_ratio_max"] > 1e-3 for u in updates[1:])
+    assert all("sapo/mean_ratio" in u and u["tokens"] > 0 for u in updates)
+    assert [len(p) for p in per_sample] == [2] * 8  # every sample once per epoch
+    assert all("sapo_penalized_share" in entry for p in per_sample for entry in p)
+
+
+def test_gradient_accumulation_over_micro_batches_matches_one_big_batch(tiny, tmp_path):
+    grads = []
+    for micro in (2, 8):
+        trainer = _trainer(tiny, tmp_path / str(micro), micro_batch_size=micro)
+        exp = _experience(trainer)
+        items = [trainer._micro_batch(exp, list(range(lo, lo + micro))) for lo in range(0, 8, micro)]
+        gas = 8 // micro
+        for item, info in iter_grad_accum_global_norm(items, None, gas, lambda it: it.batch.action_mask):
+            trainer._backward(item, info, gas, [[] for _ in range(8)])
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+    assert grads[0].abs().sum() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+def test_train_config_names_bad_batch_sizes():
+    with pytest.raises(ValueError, match="train_batch_size must divide the rollout batch"):
+        TrainConfig(prompts_per_step=2, n_samples=4, train_batch_size=3)
+    with pytest.raises(ValueError, match="micro_batch_size .4. must divide the train batch size .2."):
+        TrainConfig(prompts_per_step=2, n_samples=4, train_batch_size=2, micro_batch_size=4)
+    with pytest.raises(ValueError, match="max_epochs must be >= 1"):
+        TrainConfig(max_epochs=0)
 
 
 def test_checkpoint_roundtrip_keeps_newest(tmp_path):
@@ -185,3 +306,17 @@ def test_interval_union_and_uncovered_time():
     assert union_length([]) == 0
     assert uncovered_length([(0, 4)], [(1, 2), (3, 5)]) == pytest.approx(2)
     assert uncovered_length([(1, 2)], [(0, 3)]) == 0
+
+
+@pytest.mark.parametrize("mid_update", [False, True])
+def test_ctrl_c_saves_only_weights_that_belong_to_a_completed_step(tiny, tmp_path, mid_update):
+    trainer = _trainer(tiny, tmp_path, train_batch_size=4)
+
+    def interrupted():
+        trainer._mid_update = mid_update  # as if 0 or 1 of the step's two optimizer steps had run
+        raise KeyboardInterrupt
+
+    trainer.train_step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(progress=False)
+    assert (latest_checkpoint(tmp_path / "checkpoints") is None) == mid_update

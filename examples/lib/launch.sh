@@ -70,12 +70,13 @@ health_url() {
   echo "${url%%://*}://${origin%%/*}/health"
 }
 
-# run_eval ARG...: examples/eval/eval_agent.py with these arguments (DRY_RUN=1: --dry_run).
+# run_eval ARG...: the evaluation CLI (python -m openrlhf_sgrpo.eval) with these arguments
+# (DRY_RUN=1: --dry-run, which checks the inputs and prints the settings as JSON).
 run_eval() {
   local -a extra=()
   if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<< "$EXTRA_ARGS"; fi
-  local -a cmd=("$PYTHON" "$EXAMPLES_DIR/eval/eval_agent.py" "$@" "${extra[@]}")
-  if [ "${DRY_RUN:-0}" = 1 ]; then exec "${cmd[@]}" --dry_run; fi
+  local -a cmd=("$PYTHON" -m openrlhf_sgrpo.eval "$@" "${extra[@]}")
+  if [ "${DRY_RUN:-0}" = 1 ]; then exec "${cmd[@]}" --dry-run; fi
   echo "[eval] ${cmd[*]}" >&2
   exec "${cmd[@]}"
 }

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Evaluates a deep-research checkpoint on GAIA (validation set): the agent with Google search
-# (Serper) and the code sandbox, up to 10 turns, GAIA's quasi-exact-match scorer, reported per
-# level (gaia_level1..3). GAIA is gated on the hub: download it yourself, then
-#   python examples/data/prepare_qa.py gaia --metadata GAIA/2023/validation/metadata.jsonl \
-#          --out ~/data/gaia/validation.jsonl
-#   MODEL=runs/deep-research-qwen3-8b/model SERPER_API_KEY=... ./eval_gaia.sh
-# Environment: MODEL (required), GAIA_DATA ($HOME/data/gaia/validation.jsonl), SANDBOX_URL
-# (http://127.0.0.1:8080/run_code), TP (2), OUT ($MODEL/eval_gaia.json), LIMIT (0 = all),
-# plus PYTHON, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
+# (Serper) and the code sandbox, up to 10 turns, GAIA's quasi-exact-match scorer, accuracy per
+# level. Runs `python -m openrlhf_sgrpo.eval --gaia` on vLLM. GAIA is gated on the hub: download
+# it yourself, then
+#   MODEL=runs/deep-research-qwen3-8b/model GAIA_METADATA=GAIA/2023/validation/metadata.jsonl \
+#   SERPER_API_KEY=... ./eval_gaia.sh
+# Environment: MODEL (required, an HF folder), GAIA_METADATA ($HOME/data/gaia/2023/validation/
+# metadata.jsonl; attached files are read next to it), SANDBOX_URL (http://127.0.0.1:8080/run_code),
+# TP (2), OUT ($MODEL/eval_gaia: predictions.jsonl and summary.json, resumable), LIMIT (unset =
+# all), plus PYTHON, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
-: "${MODEL:?set MODEL to the checkpoint (HF folder or hub id) to evaluate}"
-GAIA_DATA="${GAIA_DATA:-$HOME/data/gaia/validation.jsonl}"
+: "${MODEL:?set MODEL to the checkpoint (an HF model folder) to evaluate}"
+GAIA_METADATA="${GAIA_METADATA:-$HOME/data/gaia/2023/validation/metadata.jsonl}"
 SANDBOX_URL="${SANDBOX_URL:-http://127.0.0.1:8080/run_code}"
-OUT="${OUT:-$MODEL/eval_gaia.json}"
-agent_config="$(dirname "$OUT")/eval_gaia_agent.yaml"
+OUT="${OUT:-$MODEL/eval_gaia}"
+agent_config="$OUT/agent.yaml"
 if [ "${DRY_RUN:-0}" != 1 ] && [ -z "${SERPER_API_KEY:-}" ]; then
   echo "error: SERPER_API_KEY is not set (https://serper.dev); the agent searches Google through it" >&2
   exit 2
@@ -23,7 +24,8 @@ fi
 render_agent_config "$EXAMPLES_DIR/configs/gaia_eval.yaml" "$agent_config" \
   "sandbox_url=$SANDBOX_URL" "max_turns=10"
 wait_for_health "$(health_url "$SANDBOX_URL")"
-# The agent renders the deep-research prompt from the raw question (the 'question' key).
-run_eval --model "$MODEL" --data "$GAIA_DATA" --agent-config "$agent_config" --out "$OUT" \
-  --input-key question --max-len 16384 --max-new-tokens 4096 --temperature 0 \
-  --tensor-parallel-size "${TP:-2}" --limit "${LIMIT:-0}" --concurrency 32
+limit=()
+if [ -n "${LIMIT:-}" ]; then limit=(--limit "$LIMIT"); fi
+run_eval --model "$MODEL" --engine vllm --tensor-parallel-size "${TP:-2}" --agent-config "$agent_config" \
+  --gaia "$GAIA_METADATA" --sandbox-url "$SANDBOX_URL" --max-len 16384 --max-tokens-per-turn 4096 \
+  --concurrency 32 --out "$OUT" "${limit[@]}"

@@ -10,8 +10,12 @@ Stages (each shows progress):
               answers in prose and never writes the tags on its own (see local/warmup.py);
               held-out is evaluated again, so the table tells the warm-up's gain from RL's;
   6. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
-  7. eval     held-out again; print the table, write ``report.png`` and ``metrics.jsonl``.
-Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
+  7. eval     held-out again; print the tables, write ``report.png`` and ``metrics.jsonl``.
+Each stage header shows the previous stage's peak RSS; a table of wall time and peak RSS per
+stage closes the output. Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
+``--smoke`` is a plumbing check (tiny random Qwen2), not a learning run: in every training group
+the first turns of three samples are scripted (the gold answer, a wrong answer, a search; see
+``local/scripted.py``), so reward spread, a tool call and a non-zero update hold by construction.
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--train-batch-size", type=int, default=None,
+                   help="samples per optimizer step (OpenRLHF --train.batch_size); default: the whole rollout, "
+                        "half of it with --sapo (two steps per rollout, so the ratio to the old policy can "
+                        "leave 1)")
+    p.add_argument("--max-epochs", type=int, default=1, help="passes over each rollout (--train.max_epochs)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="recompute layer activations in backward: a fraction of the update's memory for "
+                        "about one more forward pass (--actor.gradient_checkpointing)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--estimator", default="stratified_grpo",
                    choices=("grpo", "stratified_grpo", "stratified_reinforce", "stratified_rloo"))
@@ -82,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_questions is not None and args.max_questions <= args.heldout:
         p.error(f"--max-questions ({args.max_questions}) must exceed --heldout ({args.heldout})")
     for name in ("heldout", "steps", "prompts_per_step", "micro_batch_size", "max_turns", "max_len",
-                 "max_tokens_per_turn", "concurrency"):
+                 "max_tokens_per_turn", "concurrency", "max_epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.n_samples < 2:
@@ -91,12 +103,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--data needs the corpus its answers live in: --corpus JSONL or --index DIR")
     if args.resume and not args.out:
         p.error("--resume needs --out (the run folder to continue)")
+    if args.train_batch_size is None:
+        args.train_batch_size = _default_train_batch(args)
+    try:
+        train_config(args)  # every training setting is checked before any stage runs
+    except ValueError as err:
+        p.error(str(err))
     args.out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     return args
 
 
-def _stage(k: int, name: str, t0: float) -> None:
-    print(f"\n== [{k}/{STAGES}] {name}  (t = {time.monotonic() - t0:5.1f} s)", flush=True)
+def _default_train_batch(args: argparse.Namespace) -> int:
+    """The rollout, or with --sapo half of it in whole prompt groups when that fits the micro-batch
+    (else --max-epochs is raised to 2): SAPO needs a second optimizer step to see a ratio != 1."""
+    rollout = args.prompts_per_step * args.n_samples
+    if not args.sapo:
+        return rollout
+    half = (args.prompts_per_step // 2) * args.n_samples
+    if args.prompts_per_step % 2 == 0 and half % args.micro_batch_size == 0:
+        return half
+    args.max_epochs = max(args.max_epochs, 2)
+    return rollout
+
+
+def train_config(args: argparse.Namespace):
+    """The trainer's settings from the demo's flags (raises ValueError naming a bad one)."""
+    from openrlhf_sgrpo.calibadv import CalibAdvConfig
+    from openrlhf_sgrpo.local.experience_maker import AdvantageConfig
+    from openrlhf_sgrpo.local.loss import LossConfig
+    from openrlhf_sgrpo.local.trainer import TrainConfig
+    from openrlhf_sgrpo.sapo import SAPOConfig
+
+    return TrainConfig(
+        steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
+        micro_batch_size=args.micro_batch_size, train_batch_size=args.train_batch_size, max_epochs=args.max_epochs,
+        gradient_checkpointing=args.gradient_checkpointing, lr=args.lr, seed=args.seed,
+        adv=AdvantageConfig(estimator=args.estimator, alpha=args.alpha, stratify_by=args.stratify_by,
+                            calibadv=CalibAdvConfig() if args.calibadv else None),
+        loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))
+
+
+def _stage(k: int, name: str, t0: float, peaks) -> None:
+    previous = peaks.begin(name)
+    rss = f", previous stage peak RSS {previous:,.0f} MiB" if previous is not None else ""
+    print(f"\n== [{k}/{STAGES}] {name}  (t = {time.monotonic() - t0:5.1f} s{rss})", flush=True)
 
 
 def _questions(args):
@@ -169,72 +219,76 @@ def _eval_after_warmup(args, ran: bool, rollout, held, predictions: Path, logger
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     from agent_env.config import AgentConfig
-    from openrlhf_sgrpo.calibadv import CalibAdvConfig
+    from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.report import before_after_table, plot_report, steps_table
     from openrlhf_sgrpo.eval.core import evaluate, summarize
-    from openrlhf_sgrpo.local.advantage import AdvantageConfig
+    from openrlhf_sgrpo.local.heap import map_large_allocations
     from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
-    from openrlhf_sgrpo.local.loss import LossConfig
-    from openrlhf_sgrpo.local.metrics_log import MetricsLogger, read_metrics
-    from openrlhf_sgrpo.local.models import load_policy
+    from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
     from openrlhf_sgrpo.local.rollout import AgentRollout
+    from openrlhf_sgrpo.local.scripted import spread_script
     from openrlhf_sgrpo.local.services import local_services
-    from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
-    from openrlhf_sgrpo.sapo import SAPOConfig
+    from openrlhf_sgrpo.local.step_log import StepLogger, read_step_log
+    from openrlhf_sgrpo.local.trainer import LocalTrainer
 
+    map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
     out = args.out
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    tcfg = train_config(args)
+    peaks = StagePeaks()
 
-    _stage(1, "data", t0)
+    _stage(1, "data", t0, peaks)
     train, held, corpus, index = _questions(args)
-    _stage(2, "retriever index", t0)
+    _stage(2, "retriever index", t0, peaks)
     index = _index(args, corpus, index)
-    _stage(3, f"services + policy ({args.model})", t0)
-    model, tok = load_policy(args.model, args.device)
+    _stage(3, f"services + policy ({args.model})", t0, peaks)
+    model, tok = load_policy(args.model, args.device, seed=args.seed)
+    if args.gradient_checkpointing:  # before the warm-up, whose backward is as large as RL's
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     print(f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-    logger = MetricsLogger(out, run_name=out.name, config={k: str(v) for k, v in vars(args).items()})
+    logger = StepLogger(out, run_name=out.name, config={k: str(v) for k, v in vars(args).items()})
     with local_services(index) as urls:
         print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
         agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,
-                                template="none" if args.model == "tiny-qwen2" else TEMPLATE, max_turns=args.max_turns, topk=3,
-                                max_obs_tokens=args.max_obs_tokens, reward=args.reward, format_reward=True)
+                                template="none" if args.model == TINY_QWEN2 else TEMPLATE, max_turns=args.max_turns,
+                                topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward, format_reward=True)
         engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
                                     seed=args.seed)
         rollout = AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
-                               temperature=args.temperature)
+                               temperature=args.temperature, first_turn_script=spread_script if args.smoke else None)
         try:
-            _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0)
+            _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0, peaks)
             before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency))
             logger.log(0, before, phase="eval_before")
-            _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0)
+            _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0, peaks)
             ran = _warmup(args, model, tok, train, out, logger)
             warm = _eval_after_warmup(args, ran, rollout, held, out / "eval_predictions.jsonl", logger)
-            _stage(6, f"train {args.steps} steps of {args.estimator}", t0)
-            tcfg = TrainConfig(
-                steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
-                micro_batch_size=args.micro_batch_size, lr=args.lr, seed=args.seed,
-                adv=AdvantageConfig(estimator=args.estimator, alpha=args.alpha, stratify_by=args.stratify_by,
-                                    calibadv=CalibAdvConfig() if args.calibadv else None),
-                loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))
+            _stage(6, f"train {args.steps} steps of {args.estimator}", t0, peaks)
+            print(f"{tcfg.optimizer_steps_per_rollout} optimizer step(s) per rollout of {tcfg.rollout_batch_size} "
+                  f"samples (train batch {tcfg.mini_batch_size}, {tcfg.max_epochs} epoch(s)); gradient "
+                  f"checkpointing {'on' if tcfg.gradient_checkpointing else 'off'}"
+                  + ("; --smoke scripts the first turn of samples 0-2 of every group" if args.smoke else ""))
             trainer = LocalTrainer(model, tok, rollout, train, tcfg, out, logger=logger)
             if args.resume and trainer.resume():
                 print(f"resumed at step {trainer.step}")
             trainer.train()
-            _stage(7, "evaluate held-out after training", t0)
+            _stage(7, "evaluate held-out after training", t0, peaks)
             after = summarize(evaluate(rollout, "after", held, out / "eval_predictions.jsonl", args.concurrency))
             logger.log(args.steps, after, phase="eval_after")
         finally:
             rollout.close()
             logger.close()
-    records = read_metrics(out / "metrics.jsonl", "train")
+            peaks.close()
+    records = read_step_log(out / "metrics.jsonl", "train")
     plot_report(records, out / "report.png")
     print("\n" + before_after_table(before, after, warm))
     print("\n" + steps_table(records))
+    print("\n" + peaks.table())
     print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'} (total {time.monotonic() - t0:.0f} s)")
-    return {"before": before, "after_warmup": warm, "after": after, "steps": records}
+    return {"before": before, "after_warmup": warm, "after": after, "steps": records, "stages": peaks.rows}
 
 
 def main(argv: list[str] | None = None) -> int:

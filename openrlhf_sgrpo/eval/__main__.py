@@ -2,12 +2,15 @@
 
     python -m openrlhf_sgrpo.eval --model smollm2 --corpus corpus.jsonl \\
         --data hotpotqa=../shared/data/hotpotqa/train_hipporag100.jsonl --data nq.jsonl --limit 50
-    python -m openrlhf_sgrpo.eval --model /ckpt/qwen --gaia GAIA/2023/validation/metadata.jsonl \\
-        --retriever-url http://127.0.0.1:8000/retrieve
+    python -m openrlhf_sgrpo.eval --model /ckpt/qwen --engine vllm --agent-config agent.yaml \\
+        --data test.jsonl --gaia GAIA/2023/validation/metadata.jsonl
 
 Prints a per-dataset EM / F1 / search-calls table (GAIA: accuracy per level with the GAIA
 scorer), writes ``<out>/predictions.jsonl`` and ``<out>/summary.json``; rerunning with the same
-``--out`` skips questions already answered.
+``--out`` skips questions already answered. The one evaluation driver: the example scripts
+(``examples/eval/eval_qa.sh``, ``examples/qwen3-8b/eval_gaia.sh``) call it through
+``run_eval`` in ``examples/lib/launch.sh``; ``--dry-run`` checks the inputs and prints the
+resolved settings as JSON without loading a model.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import logging
 import sys
 from pathlib import Path
 
-from openrlhf_sgrpo.local.data import DataError, Question, load_flashrag_jsonl
-from openrlhf_sgrpo.local.vllm_engine import VLLMUnavailable
+from agent_env.config import ConfigError
+from openrlhf_sgrpo.eval.vllm_engine import VLLMUnavailable
+from openrlhf_sgrpo.local.data import DataError, Question, load_qa_jsonl
 
 log = logging.getLogger("openrlhf_sgrpo.eval")
 
@@ -32,48 +36,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                    help="hf: batched transformers generation (CPU or GPU); vllm: vLLM's AsyncLLMEngine (GPU)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM engine only")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine only: GPUs per model")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
-                   help="FlashRAG jsonl {id, question, golden_answers}; repeat for several datasets")
+                   help="jsonl of {question, golden_answers (FlashRAG) or answers (prepare_qa.py)}; rows with "
+                        "a 'datasource' are reported per datasource; repeat for several files")
     p.add_argument("--gaia", metavar="METADATA_JSONL", help="GAIA mode: metadata.jsonl (search + code tools)")
     p.add_argument("--limit", type=int, default=None, help="first N questions of each dataset")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--retriever-url", help="an already running /retrieve endpoint")
     src.add_argument("--index", help="a retriever index folder (served on loopback for this run)")
     src.add_argument("--corpus", help="a corpus jsonl {id, contents}: indexed with MiniLM (cached), then served")
-    p.add_argument("--search-backend", choices=("local", "web"), default="local")
+    p.add_argument("--agent-config", default=None, metavar="YAML",
+                   help="agent settings (examples/configs/*.yaml); the flags below override them")
+    p.add_argument("--search-backend", choices=("local", "web"), default=None, help="default: local")
     p.add_argument("--web-search-url", default=None, help="web search proxy URL (search backend 'web')")
     p.add_argument("--sandbox-url", default=None, help="an already running /run_code endpoint")
     p.add_argument("--no-sandbox", action="store_true", help="do not start the local sandbox (GAIA needs code)")
     p.add_argument("--template", default=None, help="prompt template (default: search_r1_chat; GAIA: deep_research)")
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--max-turns", type=int, default=None, help="default: 4")
+    p.add_argument("--topk", type=int, default=None, help="default: 3")
+    p.add_argument("--max-obs-tokens", type=int, default=None, help="tokens per tool observation (default 500)")
     p.add_argument("--max-len", type=int, default=2048, help="context budget per trajectory (tokens)")
     p.add_argument("--max-tokens-per-turn", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=16, help="questions in flight at once")
     p.add_argument("--out", default="runs/eval", help="output folder (resumable)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--dry-run", action="store_true", help="check the inputs, print the settings as JSON, exit")
     args = p.parse_args(argv)
     if not args.data and not args.gaia:
         p.error("name at least one dataset with --data PATH, or --gaia METADATA_JSONL")
-    for name in ("limit", "max_turns", "topk", "max_len", "max_tokens_per_turn", "concurrency"):
+    for name in ("limit", "max_turns", "topk", "max_obs_tokens", "max_len", "max_tokens_per_turn", "concurrency",
+                 "tensor_parallel_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not 0 < args.gpu_memory_utilization <= 1:
         p.error(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-    if args.search_backend == "local" and not (args.retriever_url or args.index or args.corpus):
-        p.error("name a retriever: --retriever-url URL, --index DIR or --corpus JSONL (or --search-backend web)")
+    if (args.search_backend or "local") == "local" and not (args.retriever_url or args.index or args.corpus
+                                                            or args.agent_config):
+        p.error("name a retriever: --retriever-url URL, --index DIR, --corpus JSONL or --agent-config YAML "
+                "(or --search-backend web)")
     return args
 
 
 def datasets_from_args(args: argparse.Namespace) -> dict[str, list[Question]]:
+    """Datasets by name: ``NAME=PATH`` (or the file's folder/stem), or each row's ``datasource``."""
     out: dict[str, list[Question]] = {}
     for spec in args.data:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
         name = name or Path(path).parent.name + "/" + Path(path).stem
-        if name in out:
-            raise DataError(f"dataset name {name!r} given twice; use NAME=PATH to tell them apart")
-        out[name] = load_flashrag_jsonl(path, args.limit)
+        for source, questions in load_qa_jsonl(path).items():
+            key = source or name
+            if key in out:
+                raise DataError(f"dataset name {key!r} given twice; use NAME=PATH to tell them apart")
+            out[key] = questions[: args.limit] if args.limit else questions
     return out
 
 
@@ -83,19 +99,29 @@ def _services(args: argparse.Namespace, need_sandbox: bool):
 
     index = cached_index_for(args.corpus, progress=not args.quiet) if args.corpus else args.index
     start_sandbox = need_sandbox and not args.sandbox_url and not args.no_sandbox
-    with local_services(index, sandbox=start_sandbox, topk=args.topk) as urls:
+    with local_services(index, sandbox=start_sandbox, topk=args.topk or 3) as urls:
         yield ServiceUrls(args.retriever_url or urls.retriever_url, args.sandbox_url or urls.sandbox_url)
 
 
-def _agent_config(args: argparse.Namespace, urls, gaia: bool):
-    from agent_env.config import AgentConfig
+def agent_config(args: argparse.Namespace, urls, gaia: bool):
+    """``--agent-config`` (or the defaults), then every flag that was given, then the URLs of the
+    services this run started. GAIA is scored with the GAIA scorer and, unless a template is
+    named, the deep-research prompt."""
+    import dataclasses
 
-    extra = {"web_search_url": args.web_search_url} if args.web_search_url else {}
-    return AgentConfig(
-        retriever_url=urls.retriever_url or AgentConfig.retriever_url,
-        sandbox_url=urls.sandbox_url or AgentConfig.sandbox_url, search_backend=args.search_backend,
-        template=args.template or ("deep_research" if gaia else "search_r1_chat"),
-        reward="gaia" if gaia else "em", max_turns=args.max_turns, topk=args.topk, **extra)
+    from agent_env.config import AgentConfig, load_config
+
+    base = load_config(args.agent_config) if args.agent_config else AgentConfig(template="search_r1_chat")
+    given = {"search_backend": args.search_backend, "web_search_url": args.web_search_url,
+             "template": args.template, "max_turns": args.max_turns, "topk": args.topk,
+             "max_obs_tokens": args.max_obs_tokens, "retriever_url": urls.retriever_url,
+             "sandbox_url": urls.sandbox_url}
+    changes = {k: v for k, v in given.items() if v is not None}
+    if gaia:
+        changes["reward"] = "gaia"
+        if args.template is None and not args.agent_config:
+            changes["template"] = "deep_research"
+    return dataclasses.replace(base, **changes)
 
 
 def _by_level(records: list[dict], levels: dict[str, str]) -> dict[str, dict]:
@@ -117,12 +143,13 @@ def _engine(args: argparse.Namespace):
     if args.engine == "vllm":
         from transformers import AutoTokenizer
 
+        from openrlhf_sgrpo.eval.vllm_engine import VLLMGenerationEngine, import_vllm
         from openrlhf_sgrpo.local.models import policy_folder
-        from openrlhf_sgrpo.local.vllm_engine import VLLMGenerationEngine, import_vllm
 
         import_vllm()  # fail before loading or serving anything
         folder = policy_folder(args.model)
-        return (VLLMGenerationEngine(str(folder), gpu_memory_utilization=args.gpu_memory_utilization),
+        return (VLLMGenerationEngine(str(folder), gpu_memory_utilization=args.gpu_memory_utilization,
+                                     tensor_parallel_size=args.tensor_parallel_size),
                 AutoTokenizer.from_pretrained(str(folder)))
     from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
     from openrlhf_sgrpo.local.models import load_policy
@@ -139,6 +166,8 @@ def run(args: argparse.Namespace) -> dict:
 
     datasets = datasets_from_args(args)
     gaia_questions, levels = load_gaia(args.gaia) if args.gaia else ([], {})
+    if args.dry_run:
+        return dry_run(args, datasets, gaia_questions)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine, tok = _engine(args)
@@ -148,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
             stack.callback(engine.close)
         urls = stack.enter_context(_services(args, need_sandbox=bool(gaia_questions)))
         if datasets:
-            rollout = AgentRollout(engine, tok, _agent_config(args, urls, gaia=False), args.max_len,
+            rollout = AgentRollout(engine, tok, agent_config(args, urls, gaia=False), args.max_len,
                                    args.max_tokens_per_turn)
             try:
                 qa = {name: summarize(evaluate(rollout, name, qs, out / "predictions.jsonl", args.concurrency,
@@ -158,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
             summary["qa"] = qa
             print(qa_table(qa))
         if gaia_questions:
-            rollout = AgentRollout(engine, tok, _agent_config(args, urls, gaia=True), args.max_len,
+            rollout = AgentRollout(engine, tok, agent_config(args, urls, gaia=True), args.max_len,
                                    args.max_tokens_per_turn)
             try:
                 records = evaluate(rollout, "gaia", gaia_questions, out / "predictions.jsonl", args.concurrency,
@@ -172,12 +201,30 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def dry_run(args: argparse.Namespace, datasets: dict[str, list[Question]], gaia_questions: list[Question]) -> dict:
+    """The settings this call would run with, as JSON on stdout (no model, no services)."""
+    import dataclasses
+
+    from openrlhf_sgrpo.local.services import ServiceUrls
+
+    urls = ServiceUrls(args.retriever_url, args.sandbox_url)
+    settings = {k: v for k, v in vars(args).items() if k not in ("data",)}
+    settings["datasets"] = {name: len(qs) for name, qs in datasets.items()}
+    settings["gaia_questions"] = len(gaia_questions)
+    if datasets:
+        settings["agent"] = dataclasses.asdict(agent_config(args, urls, gaia=False))
+    if gaia_questions:
+        settings["gaia_agent"] = dataclasses.asdict(agent_config(args, urls, gaia=True))
+    print(json.dumps(settings, indent=1, default=str))
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
         run(args)
-    except (DataError, FileNotFoundError, VLLMUnavailable) as err:
+    except (DataError, ConfigError, FileNotFoundError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,14 +1,8 @@
-"""Single-machine pieces: an HF-transformers generation engine that speaks vLLM's contract."""
+"""The single-machine runtime.
 
-from openrlhf_sgrpo.local.sampling import CompletionOutput, Logprob, RequestOutput, SamplingParams
-
-__all__ = ["CompletionOutput", "Logprob", "RequestOutput", "SamplingParams", "HFGenerationEngine"]
-
-
-def __getattr__(name):
-    # Lazy: importing the engine pulls in torch/transformers, which sampling users may not need.
-    if name == "HFGenerationEngine":
-        from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
-
-        return HFGenerationEngine
-    raise AttributeError(name)
+The training loop (``trainer``, ``experience_maker``, ``loss``, ``upstream``, ``rollout``,
+``scripted``, ``checkpoint``, ``step_log``, ``warmup``, ``timing``) and what it shares with the
+demo and with ``--engine hf`` evaluation: the batched HF engine with vLLM's ``generate`` contract
+(``hf_engine``, ``sampling``), policy loading (``models``), question files (``data``) and the
+loopback tool services (``services``). The GPU evaluation engine is ``openrlhf_sgrpo.eval.vllm_engine``.
+"""

@@ -44,6 +44,11 @@ def iter_jsonl_rows(path: str | Path, required: tuple[str, ...], what: str, hint
             yield line_no, row
 
 
+def _question(path: Path, line_no: int, row: dict, golds) -> Question:
+    golds = [str(g) for g in golds] if isinstance(golds, list) else [str(golds)]
+    return Question(str(row.get("id", f"{path.stem}-{line_no}")), str(row["question"]), golds)
+
+
 def load_flashrag_jsonl(path: str | Path, limit: int | None = None) -> list[Question]:
     """Questions from a FlashRAG jsonl file (``limit``: the first N lines)."""
     path = Path(path)
@@ -52,7 +57,22 @@ def load_flashrag_jsonl(path: str | Path, limit: int | None = None) -> list[Ques
                                         "FlashRAG rows need id, question, golden_answers"):
         if limit is not None and len(out) >= limit:
             break
-        golds = row["golden_answers"]
-        golds = [str(g) for g in golds] if isinstance(golds, list) else [str(golds)]
-        out.append(Question(str(row.get("id", f"{path.stem}-{line_no}")), str(row["question"]), golds))
+        out.append(_question(path, line_no, row, row["golden_answers"]))
+    return out
+
+
+GOLD_KEYS = ("golden_answers", "answers")  # FlashRAG; examples/data/prepare_qa.py's prompt rows
+
+
+def load_qa_jsonl(path: str | Path) -> dict[str, list[Question]]:
+    """Questions of a FlashRAG file or of a prepare_qa.py prompt file, by ``datasource`` ("" when a
+    row has none): one test file may hold several benchmarks."""
+    path = Path(path)
+    out: dict[str, list[Question]] = {}
+    for line_no, row in iter_jsonl_rows(path, ("question",), "dataset", "rows need a question"):
+        key = next((k for k in GOLD_KEYS if k in row), None)
+        if key is None:
+            raise DataError(f"{path}:{line_no}: missing the gold answers: {GOLD_KEYS[0]!r} (FlashRAG) or "
+                            f"{GOLD_KEYS[1]!r} (prepare_qa.py)")
+        out.setdefault(str(row.get("datasource") or ""), []).append(_question(path, line_no, row, row[key]))
     return out

@@ -31,6 +31,7 @@ class Sample:
     info: dict[str, float] = field(default_factory=dict)
     prompt: str = ""
     label: str = ""
+    scripted: bool = False  # its first turn came from a FirstTurnScript, not from sampling
 
 
 def tensorize_response(response: dict, max_len: int) -> Sample:

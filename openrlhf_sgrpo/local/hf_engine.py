@@ -4,6 +4,9 @@ OpenRLHF's MultiTurnAgentExecutor awaits `engine.generate(prompt_token_ids, samp
 once per turn and many trajectories run concurrently in one asyncio loop. This engine queues
 those calls and serves them in padded batches (left padding, KV cache, rows pruned from the
 batch as they finish) on a worker thread, so tool calls keep flowing on the loop meanwhile.
+Prompts are prefilled ``prefill_chunk`` tokens at a time: a padded batch's attention scores are
+``rows x heads x chunk x length`` instead of ``rows x heads x length x length`` (on CPU, 24 rows
+of 600 tokens peaked at +2.4 GB in one prefill), for the same KV cache and logits.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ class HFGenerationEngine:
     """Batched sampling from a causal LM; `await generate(...)` returns a vLLM-like RequestOutput."""
 
     def __init__(self, model, tokenizer, max_batch: int = 32, device: str | torch.device | None = None,
-                 batch_window_s: float = 0.002, seed: int = 0):
+                 batch_window_s: float = 0.002, seed: int = 0, prefill_chunk: int = 128):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.prefill_chunk = prefill_chunk
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
@@ -47,7 +53,6 @@ class HFGenerationEngine:
         self._queue: list[_Request] = []
         self._worker: asyncio.Task | None = None
         self.batches_run = 0
-        self.tokens_generated = 0
 
     @staticmethod
     def _eos_ids(model, tokenizer) -> set[int]:
@@ -112,7 +117,9 @@ class HFGenerationEngine:
             mask[i, width - len(r.prompt):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         cache = DynamicCache()
-        logits = self._forward(ids, mask, cache)
+        for start in range(0, width, self.prefill_chunk):  # chunked prefill, see the module docstring
+            end = min(start + self.prefill_chunk, width)
+            logits = self._forward(ids[:, start:end], mask[:, :end], cache)
         while True:
             tokens, logps = self._sample(logits, live)
             keep = []
@@ -121,7 +128,6 @@ class HFGenerationEngine:
                 r.logprobs.append(float(logps[i]))
                 if not self._check_finished(r):
                     keep.append(i)
-            self.tokens_generated += len(live)
             if not keep:
                 return
             step = tokens.to(self.device).unsqueeze(1)

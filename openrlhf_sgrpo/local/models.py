@@ -54,14 +54,15 @@ def _local_folder(spec: str) -> Path:
     return path
 
 
-def load_policy(spec: str, device: str = "cpu"):
-    """(model, tokenizer) for ``smollm2``, ``tiny-qwen2`` or a local HF model folder."""
+def load_policy(spec: str, device: str = "cpu", seed: int = 0):
+    """(model, tokenizer) for ``smollm2``, ``tiny-qwen2`` (randomly initialised from ``seed``) or a
+    local HF model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if spec == SMOLLM2:
         model, tok = _smollm2()
     elif spec == TINY_QWEN2:
-        model, tok = assets.tiny_qwen2()
+        model, tok = assets.tiny_qwen2(seed=seed)
     else:
         path = _local_folder(spec)
         tok = AutoTokenizer.from_pretrained(str(path))

@@ -3,15 +3,16 @@
 ``agent_env.openrlhf_agent.AgentExecutor`` (a ``MultiTurnAgentExecutor``) is the code the
 cluster run loads with ``--train.agent_func_path``; here it is awaited for every (prompt,
 sample) at once on one asyncio loop, against :class:`~openrlhf_sgrpo.local.hf_engine.
-HFGenerationEngine`, which batches the concurrent ``generate`` calls. Two thin proxies add what
-a single machine needs: a per-turn token cap (the executor sets ``max_tokens`` to the whole
-remaining context, which a small CPU model would happily fill) and interval timing of
-generate and tool calls.
+HFGenerationEngine`, which batches the concurrent ``generate`` calls. Thin proxies add interval
+timing of generate and tool calls; the per-turn token cap is the agent's own
+(``AgentConfig.max_tokens_per_turn``). A :data:`~openrlhf_sgrpo.local.scripted.FirstTurnScript`
+may fix the first turn of chosen sample slots of every training group (see :mod:`.scripted`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -24,19 +25,19 @@ from agent_env.config import AgentConfig
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo.local.experience import Sample, tensorize_response
+from openrlhf_sgrpo.local.heap import release_freed_memory
 from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.local.scripted import FirstTurnForced, FirstTurnScript
 from openrlhf_sgrpo.local.timing import IntervalRecorder, rollout_timing
 
 
 class TimedEngine:
-    """``generate`` with a per-turn ``max_tokens`` cap and a recorded interval per call."""
+    """``generate`` with a recorded interval per call."""
 
-    def __init__(self, engine, recorder: IntervalRecorder, max_tokens_per_turn: int | None):
-        self.engine, self.recorder, self.cap = engine, recorder, max_tokens_per_turn
+    def __init__(self, engine, recorder: IntervalRecorder):
+        self.engine, self.recorder = engine, recorder
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        if self.cap is not None and (sampling_params.max_tokens is None or sampling_params.max_tokens > self.cap):
-            sampling_params.max_tokens = self.cap
         start = time.monotonic()
         try:
             return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
@@ -109,11 +110,17 @@ class AgentRollout:
     """Owns one event loop, the executor and the instrumented engine/tools."""
 
     def __init__(self, engine, tokenizer, agent_config: AgentConfig, max_len: int,
-                 max_tokens_per_turn: int | None = 64, temperature: float = 1.0, top_p: float = 1.0):
+                 max_tokens_per_turn: int | None = 64, temperature: float = 1.0, top_p: float = 1.0,
+                 first_turn_script: FirstTurnScript | None = None):
+        """``max_tokens_per_turn`` overrides the agent config's cap (None keeps the config's);
+        ``first_turn_script`` applies to :meth:`run` (training groups), never to evaluation."""
         self.tokenizer, self.max_len = tokenizer, max_len
         self.temperature, self.top_p = temperature, top_p
+        self.first_turn_script = first_turn_script
         self.recorder = IntervalRecorder()
-        self.engine = TimedEngine(engine, self.recorder, max_tokens_per_turn)
+        self.engine = TimedEngine(engine, self.recorder)
+        if max_tokens_per_turn is not None:
+            agent_config = dataclasses.replace(agent_config, max_tokens_per_turn=max_tokens_per_turn)
         self.executor = AgentExecutor(agent_config)
         tools = get_toolset(agent_config)  # the process-wide ToolSet the executor will use
         tools.search = TimedTool(_unwrap(tools.search), "search", "search", self.recorder)
@@ -127,11 +134,19 @@ class AgentRollout:
         if len(prompts) != len(golds):
             raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
         self.recorder.clear()
+        release_freed_memory()
         start = time.monotonic()
-        responses = self.loop.run_until_complete(self._run_all(prompts, golds, n, greedy, desc, progress))
+        jobs = [(p, g, self._script(k, p, g)) for p, g in zip(prompts, golds) for k in range(n)]
+        responses = self.loop.run_until_complete(self._run_all(jobs, greedy, desc, progress))
         wall = time.monotonic() - start
+        release_freed_memory()
         samples = [tensorize_response(r, self.max_len) for r in responses]
+        for sample, (_, _, script) in zip(samples, jobs):
+            sample.scripted = script is not None
         return RolloutResult(samples, rollout_timing(self.recorder, wall))
+
+    def _script(self, slot: int, prompt: str, golds: list[str]) -> str | None:
+        return self.first_turn_script(slot, prompt, golds) if self.first_turn_script is not None else None
 
     def _params(self, greedy: bool) -> SamplingParams:
         return SamplingParams(temperature=0.0 if greedy else self.temperature, top_p=1.0 if greedy else self.top_p,
@@ -149,6 +164,7 @@ class AgentRollout:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.recorder.clear()
+        release_freed_memory()
         start = time.monotonic()
 
         async def main() -> None:
@@ -163,21 +179,23 @@ class AgentRollout:
                 await asyncio.gather(*(one(i) for i in range(len(prompts))))
 
         self.loop.run_until_complete(main())
-        return rollout_timing(self.recorder, time.monotonic() - start)
+        timing = rollout_timing(self.recorder, time.monotonic() - start)
+        release_freed_memory()
+        return timing
 
-    async def _execute(self, prompt: str, label: str, greedy: bool) -> dict:
-        return await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer,
-                                           self.engine)
+    async def _execute(self, prompt: str, label: str, greedy: bool, script: str | None = None) -> dict:
+        engine = self.engine if script is None else FirstTurnForced(self.engine, self.tokenizer, script)
+        return await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer, engine)
 
-    async def _run_all(self, prompts, golds, n, greedy, desc, progress) -> list[dict]:
-        jobs = [(p, label_of(g)) for p, g in zip(prompts, golds) for _ in range(n)]
+    async def _run_all(self, jobs: list[tuple[str, list[str], str | None]], greedy: bool, desc: str,
+                       progress: bool) -> list[dict]:
         with _Progress(len(jobs), desc, progress) as bar:
-            async def one(prompt: str, label: str) -> dict:
-                out = await self._execute(prompt, label, greedy)
+            async def one(prompt: str, golds: list[str], script: str | None) -> dict:
+                out = await self._execute(prompt, label_of(golds), greedy, script)
                 bar.add(out)
                 return out
 
-            return list(await asyncio.gather(*(one(p, lab) for p, lab in jobs)))
+            return list(await asyncio.gather(*(one(*job) for job in jobs)))
 
     def close(self) -> None:
         if self.loop.is_closed():

@@ -1,18 +1,26 @@
 """The single-machine Stratified GRPO loop (CPU or one GPU), top to bottom.
 
-One step:
-  1. rollout   — ``n_samples`` trajectories for each of ``prompts_per_step`` questions through
-                 OpenRLHF's agent executor and the HF engine (:mod:`.rollout`);
-  2. advantage — strata from the agent's info, the stratified estimator, the paper monitors,
-                 OpenRLHF's token-level returns (:mod:`.advantage`), CalibAdv if enabled;
-  3. update    — micro-batches through OpenRLHF's ``PolicyLoss`` (+ SAPO, + KL to a frozen
-                 reference if ``kl_coef > 0``), gradients accumulated over the whole batch
-                 (token-mean over all its action tokens), one AdamW step;
-  4. log + checkpoint.
-With one optimizer step per rollout batch the policy that sampled is the policy being
-updated, so ``old_log_probs`` are the current log-probs detached (OpenRLHF computes the same
-numbers with an extra forward). Ctrl-C during a step leaves the last completed step's
-checkpoint (weights only change at ``optimizer.step``), so ``resume`` continues from there.
+One step mirrors OpenRLHF's (``make_experience``, then ``ActorPPOTrainer.ppo_train``):
+  1. rollout     — ``n_samples`` trajectories for each of ``prompts_per_step`` questions through
+                   OpenRLHF's agent executor and the HF engine (:mod:`.rollout`);
+  2. experience  — strata, the stratified estimator, the paper monitors, token-level returns,
+                   CalibAdv over whole prompt groups, and the sampling policy's log-probs (plus the
+                   reference's), all once, before any update (:mod:`.experience_maker`);
+  3. update      — ``max_epochs`` passes; each pass shuffles the prompt groups and cuts
+                   mini-batches of ``train_batch_size`` samples, one AdamW step each, gradients
+                   accumulated over micro-batches with the mini-batch's global token mean
+                   (OpenRLHF's own ``iter_grad_accum_global_norm``; the loss is scaled by
+                   ``1 / gas`` as DeepSpeed's backward does). Loss: OpenRLHF's ``PolicyLoss``
+                   (+ SAPO, + KL to a frozen reference if ``kl_coef > 0``). From the second
+                   optimizer step on, the ratio to the old policy departs from 1, so clipping
+                   and SAPO can act;
+  4. log + checkpoint. ``train_step`` returns a :class:`StepResult` holding every per-sample
+     quantity of the step in one place.
+Unlike OpenRLHF's replay buffer, which shuffles single samples, the shuffle here moves whole
+prompt groups (a mini-batch that is a multiple of ``n_samples`` holds complete groups, as in
+verl's mini-batches). Ctrl-C between steps, or before a step's first optimizer step, saves the
+last completed step; Ctrl-C after it keeps the last checkpoint (the weights are then between
+two steps), so ``resume`` always continues from a completed step.
 """
 
 from __future__ import annotations
@@ -24,19 +32,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from openrlhf.utils.loss_utils import iter_grad_accum_global_norm
 from tqdm.auto import tqdm
 
 from agent_env import info_keys as K
-from openrlhf_sgrpo.local.advantage import AdvantageConfig, apply_calibadv, sample_advantages, token_advantages
-from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from openrlhf_sgrpo.local.experience import Sample, collate
+from openrlhf_sgrpo.local.data import Question
+from openrlhf_sgrpo.local.experience import Batch, collate
+from openrlhf_sgrpo.local.experience_maker import AdvantageConfig, Experience, make_experience
 from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_probs
-from openrlhf_sgrpo.local.metrics_log import MetricsLogger
 from openrlhf_sgrpo.local.rollout import AgentRollout
+from openrlhf_sgrpo.local.step_log import StepLogger
 from openrlhf_sgrpo.local.timing import Stopwatch
+from openrlhf_sgrpo.sapo import penalized_mask
 
 log = logging.getLogger(__name__)
+
+# Stats whose micro-batch values are already normalized by the optimizer step's tokens (the
+# loss terms): they add up over the window (after DeepSpeed's 1/gas); the rest are token means.
+LOSS_TERMS = ("policy_loss", "kl", "sapo/term")
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,9 @@ class TrainConfig:
     prompts_per_step: int = 2
     n_samples: int = 4
     micro_batch_size: int = 4
+    train_batch_size: int | None = None  # samples per optimizer step (--train.batch_size); None: the rollout
+    max_epochs: int = 1  # passes over each rollout (--train.max_epochs)
+    gradient_checkpointing: bool = False  # recompute layer activations in backward (--actor.gradient_checkpointing)
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -55,13 +72,60 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "micro_batch_size", "save_every"):
+        for name in ("steps", "prompts_per_step", "micro_batch_size", "save_every", "max_epochs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.n_samples < 2:
             raise ValueError(f"n_samples must be >= 2 for a group baseline, got {self.n_samples!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        rollout, mini = self.rollout_batch_size, self.mini_batch_size
+        if mini < 1 or rollout % mini:
+            raise ValueError(f"train_batch_size must divide the rollout batch (prompts_per_step * n_samples = "
+                             f"{rollout}), got {self.train_batch_size!r}")
+        if mini % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the train batch size ({mini})")
+
+    @property
+    def rollout_batch_size(self) -> int:
+        return self.prompts_per_step * self.n_samples
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.train_batch_size if self.train_batch_size is not None else self.rollout_batch_size
+
+    @property
+    def optimizer_steps_per_rollout(self) -> int:
+        return self.max_epochs * self.rollout_batch_size // self.mini_batch_size
+
+
+@dataclass
+class MicroBatch:
+    """Samples ``rows`` of the experience, padded together with their token-level tensors."""
+
+    rows: list[int]
+    batch: Batch
+    old_log_probs: torch.Tensor
+    advantages: torch.Tensor
+    ref_log_probs: torch.Tensor | None
+
+
+@dataclass
+class StepResult:
+    """Everything one step produced, per sample in prompt order (for records and inspection).
+
+    ``experience`` holds the samples, their strata, rewards, blended / SAN / GN advantages,
+    token advantages after CalibAdv and the old log-probs; ``updates`` one dict per optimizer
+    step; ``sample_updates[i]`` one dict per pass over sample ``i`` (its mean ratio to the old
+    policy, its largest |log ratio| and, with SAPO, its share of penalized tokens).
+    """
+
+    step: int
+    experience: Experience
+    updates: list[dict[str, float]]
+    sample_updates: list[list[dict[str, float]]]
+    record: dict
 
 
 class PromptStream:
@@ -86,25 +150,44 @@ class PromptStream:
         return out
 
 
-def _mean_info(samples: list[Sample], key: str) -> float:
+def _mean_info(samples, key: str) -> float:
     values = [s.info.get(key, 0.0) for s in samples]
     return sum(values) / max(1, len(values))
+
+
+def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=rows[0].dtype)
+    for i, r in enumerate(rows):
+        out[i, : r.numel()] = r
+    return out
+
+
+def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW, fused where the device supports it (one kernel, no per-step temporaries)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, ValueError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 class LocalTrainer:
     """Stratified GRPO on one machine; ``train()`` runs (or resumes) up to ``cfg.steps`` steps."""
 
     def __init__(self, model, tokenizer, rollout: AgentRollout, questions: list[Question], cfg: TrainConfig,
-                 out_dir: str | Path, logger: MetricsLogger | None = None):
+                 out_dir: str | Path, logger: StepLogger | None = None):
         self.model, self.tokenizer, self.rollout, self.cfg = model, tokenizer, rollout, cfg
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / "checkpoints"
-        self.logger = logger or MetricsLogger(self.out_dir, config=_config_dict(cfg))
+        self.logger = logger or StepLogger(self.out_dir, config=asdict(cfg))
         self.objective = PolicyObjective(cfg.loss)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
         self.ref_model = self._reference(model) if cfg.loss.kl_coef > 0 else None
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.stream = PromptStream(questions, cfg.seed)
         self.step = 0
+        self._mid_update = False  # an optimizer step of the unfinished step has changed the weights
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     @staticmethod
@@ -129,7 +212,7 @@ class LocalTrainer:
 
     def save(self) -> Path:
         path = save_checkpoint(self.ckpt_dir, self.step, self.model, self.optimizer,
-                               {"cursor": self.stream.cursor, "config": _config_dict(self.cfg)},
+                               {"cursor": self.stream.cursor, "config": asdict(self.cfg)},
                                keep=self.cfg.keep_checkpoints)
         if self.ref_model is not None:
             torch.save(self.ref_model.state_dict(), path / "reference.pt")
@@ -143,7 +226,7 @@ class LocalTrainer:
                    dynamic_ncols=True)
         try:
             while self.step < self.cfg.steps:
-                record = self.train_step()
+                record = self.train_step().record
                 records.append(record)
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward']:.3f}", em=f"{record['em']:.2f}",
@@ -152,72 +235,152 @@ class LocalTrainer:
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                     self.save()
         except KeyboardInterrupt:
-            self.optimizer.zero_grad(set_to_none=True)  # a half-accumulated step is dropped
-            path = self.save()
-            bar.write(f"interrupted: checkpoint of step {self.step} saved in {path}; rerun with --resume")
+            self.optimizer.zero_grad(set_to_none=True)  # a half-accumulated mini-batch is dropped
+            if self._mid_update:  # some of this step's optimizer steps ran: the weights are no step's
+                kept = latest_checkpoint(self.ckpt_dir)
+                bar.write(f"interrupted during step {self.step + 1}'s update; the last checkpoint "
+                          f"({kept.name if kept else 'none'}) is kept; rerun with --resume")
+            else:
+                path = self.save()
+                bar.write(f"interrupted: checkpoint of step {self.step} saved in {path}; rerun with --resume")
             raise
         finally:
             bar.close()
         return records
 
-    def train_step(self) -> dict:
+    def train_step(self) -> StepResult:
         cfg = self.cfg
         questions = self.stream.take(cfg.prompts_per_step)
         step = self.step + 1
         result = self.rollout.run([q.question for q in questions], [q.golds for q in questions], n=cfg.n_samples,
                                   desc=f"rollout {step}")
         samples = result.samples
-        with Stopwatch() as adv_time:
-            adv = sample_advantages(samples, cfg.n_samples, cfg.adv)
-        with Stopwatch() as bwd_time:
-            update = self._update(samples, adv.advantages)
-        self.step = step
+        with Stopwatch() as exp_time:
+            exp = make_experience(samples, cfg.n_samples, cfg.adv, self.model, self.pad_id, cfg.micro_batch_size,
+                                  self.ref_model)
+        with Stopwatch() as upd_time:
+            updates, sample_updates = self._ppo_train(exp, step)
+        self.step, self._mid_update = step, False
+        adv = exp.advantage
         record = {
             "reward": float(adv.rewards.mean()), "reward_std": float(adv.rewards.std()) if len(samples) > 1 else 0.0,
             "em": _mean_info(samples, K.EM), "f1": _mean_info(samples, K.F1),
             "tool_calls": _mean_info(samples, K.TOOL_CALLS), "search_calls": _mean_info(samples, K.SEARCH_CALLS),
             "answered": _mean_info(samples, K.ANSWERED), "action_tokens": _mean_info(samples, K.ACTION_TOKENS),
             "total_length": sum(s.total_length for s in samples) / len(samples),
+            "scripted_samples": sum(s.scripted for s in samples),
             "strata_hist": _histogram(adv.strata.tolist()),
-            **adv.metrics, **update, **result.timing,
-            "time/advantage_s": adv_time.seconds, "time/update_s": bwd_time.seconds,
+            **adv.metrics, **exp.calibadv_stats, **_mean_over_updates(updates), **result.timing,
+            "optimizer_steps": len(updates), "updates": updates, "lr": cfg.lr,
+            "time/experience_s": exp_time.seconds, "time/update_s": upd_time.seconds,
         }
-        return self.logger.log(step, record)
+        record = self.logger.log(step, record)
+        return StepResult(step, exp, updates, sample_updates, record)
 
-    def _update(self, samples: list[Sample], advantages: torch.Tensor) -> dict:
-        """Accumulate gradients over micro-batches (global token-mean), then one AdamW step."""
+    # ------------------------------------------------------------ update (ActorPPOTrainer.ppo_train)
+    def _group_order(self, n: int, generator: torch.Generator) -> list[int]:
+        """Sample indices with the prompt groups in a shuffled order, each group kept whole."""
+        group = self.cfg.n_samples
+        groups = torch.randperm(n // group, generator=generator).tolist()
+        return [g * group + k for g in groups for k in range(group)]
+
+    def _micro_batch(self, exp: Experience, rows: list[int]) -> MicroBatch:
+        batch = collate([exp.samples[i] for i in rows], self.pad_id)
+        width = batch.action_mask.shape[1]
+        ref = _pad([exp.ref_log_probs[i] for i in rows], width) if exp.ref_log_probs is not None else None
+        return MicroBatch(rows, batch, _pad([exp.old_log_probs[i] for i in rows], width),
+                          _pad([exp.token_advantages[i] for i in rows], width), ref)
+
+    def _ppo_train(self, exp: Experience, step: int) -> tuple[list[dict], list[list[dict]]]:
+        """``max_epochs`` passes of mini-batch AdamW steps over one experience."""
         cfg = self.cfg
-        total_tokens = float(sum(int(s.action_mask.sum()) for s in samples))
-        if total_tokens == 0:
-            return {"skipped_update": 1.0}
+        n, micro = len(exp.samples), cfg.micro_batch_size
+        gas = cfg.mini_batch_size // micro
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        updates: list[dict] = []
+        sample_updates: list[list[dict]] = [[] for _ in range(n)]
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        calib_stats: dict = {}
-        for lo in range(0, len(samples), cfg.micro_batch_size):
-            part = samples[lo: lo + cfg.micro_batch_size]
-            batch = collate(part, self.pad_id)
-            mask = batch.action_mask
-            token_adv = token_advantages(advantages[lo: lo + len(part)], mask)
-            if cfg.adv.calibadv is not None:
-                token_adv, calib_stats = apply_calibadv(token_adv, mask, part, advantages[lo: lo + len(part)],
-                                                        cfg.n_samples, cfg.adv.calibadv)
-            logp = action_log_probs(self.model, batch)
-            ref = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref = action_log_probs(self.ref_model, batch)
-            loss, stats = self.objective(logp, logp.detach(), token_adv.to(logp.device), mask.to(logp.device),
-                                         batch_num_tokens=total_tokens, ref_log_probs=ref)
-            loss.backward()
-            weight = float(mask.sum()) / total_tokens
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v * (1.0 if k in ("policy_loss", "kl") else weight)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        try:
+            for _ in range(cfg.max_epochs):
+                order = self._group_order(n, generator)
+                items = [self._micro_batch(exp, order[lo: lo + micro]) for lo in range(0, n, micro)]
+                window: list[tuple[MicroBatch, dict]] = []
+                for item, info in iter_grad_accum_global_norm(items, None, gas, lambda it: it.batch.action_mask):
+                    window.append((item, self._backward(item, info, gas, sample_updates)))
+                    if len(window) == gas:
+                        updates.append(self._optimizer_step(window, gas))
+                        window = []
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.eval()
+        return updates, sample_updates
+
+    def _backward(self, item: MicroBatch, info: dict, gas: int, sample_updates: list[list[dict]]) -> dict:
+        """One micro-batch's loss and backward (scaled by 1/gas like DeepSpeed's); its stats."""
+        mask = item.batch.action_mask
+        tokens = float(mask.sum())
+        if tokens == 0 or float(info["batch_num_tokens"]) == 0:
+            return {"_tokens": 0.0}
+        logp = action_log_probs(self.model, item.batch)
+        device = logp.device
+        info = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in info.items()}
+        old, adv, mask = item.old_log_probs.to(device), item.advantages.to(device), mask.to(device)
+        ref = item.ref_log_probs.to(device) if item.ref_log_probs is not None else None
+        loss, stats = self.objective(logp, old, adv, mask, info, ref_log_probs=ref)
+        (loss / gas).backward()
+        log_ratio = (logp.detach() - old) * mask
+        stats["log_ratio_max"] = float(log_ratio.abs().max())
+        self._per_sample(item, log_ratio, logp.detach(), old, adv, mask, sample_updates)
+        return {**stats, "_tokens": tokens}
+
+    def _per_sample(self, item: MicroBatch, log_ratio, logp, old, adv, mask, sample_updates) -> None:
+        counts = mask.sum(-1).clamp_min(1)
+        ratio_mean = (log_ratio.exp() * mask).sum(-1) / counts
+        sapo = self.cfg.loss.sapo
+        penalized = (penalized_mask(logp, old, adv, mask, sapo.ratio_threshold).sum(-1) / counts
+                     if sapo is not None else None)
+        for j, row in enumerate(item.rows):
+            entry = {"ratio_mean": float(ratio_mean[j]), "log_ratio_max": float(log_ratio[j].abs().max())}
+            if penalized is not None:
+                entry["sapo_penalized_share"] = float(penalized[j])
+            sample_updates[row].append(entry)
+
+    def _optimizer_step(self, window: list[tuple[MicroBatch, dict]], gas: int) -> dict:
+        """Clip, step, zero; the step's stats (loss terms summed after 1/gas, the rest token means)."""
+        tokens = sum(stats["_tokens"] for _, stats in window)
+        if tokens == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"skipped": 1.0, "tokens": 0.0}
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
+        self._mid_update = True
         self.optimizer.zero_grad(set_to_none=True)
-        self.model.eval()
-        return {**sums, **calib_stats, "grad_norm": float(grad_norm), "lr": cfg.lr}
+        out: dict[str, float] = {}
+        for _, stats in window:
+            for k, v in stats.items():
+                if k.startswith("_"):
+                    continue
+                if k == "log_ratio_max":
+                    out[k] = max(out.get(k, 0.0), v)
+                elif k in LOSS_TERMS:
+                    out[k] = out.get(k, 0.0) + v / gas
+                else:
+                    out[k] = out.get(k, 0.0) + v * stats["_tokens"] / tokens
+        return {**out, "grad_norm": float(grad_norm), "tokens": tokens}
+
+
+def _mean_over_updates(updates: list[dict]) -> dict[str, float]:
+    """Token-weighted means over the optimizer steps (grad_norm: the last one's, as OpenRLHF logs)."""
+    live = [u for u in updates if u.get("tokens", 0) > 0]
+    if not live:
+        return {"skipped_update": 1.0}
+    total = sum(u["tokens"] for u in live)
+    keys = {k for u in live for k in u} - {"tokens", "grad_norm", "log_ratio_max"}
+    out = {k: sum(u.get(k, 0.0) * u["tokens"] for u in live) / total for k in sorted(keys)}
+    out["grad_norm"] = live[-1]["grad_norm"]
+    out["log_ratio_max"] = max(u["log_ratio_max"] for u in live)
+    return out
 
 
 def _histogram(values: list[int]) -> dict[str, int]:
@@ -225,7 +388,3 @@ def _histogram(values: list[int]) -> dict[str, int]:
     for v in values:
         out[str(v)] = out.get(str(v), 0) + 1
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
-
-
-def _config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)

@@ -73,7 +73,3 @@ def compute_reward(*args, **kwargs):
 
 def compute_approx_kl(*args, **kwargs):
     return load_models().utils.compute_approx_kl(*args, **kwargs)
-
-
-def masked_mean(*args, **kwargs):
-    return load_models().utils.masked_mean(*args, **kwargs)

@@ -18,6 +18,9 @@ import torch
 from tqdm.auto import tqdm
 
 from openrlhf_sgrpo.local.data import Question
+from openrlhf_sgrpo.local.experience import Batch
+from openrlhf_sgrpo.local.loss import action_log_probs
+from openrlhf_sgrpo.local.trainer import make_optimizer
 
 
 def last_word(question: str) -> str:
@@ -38,46 +41,51 @@ def action_format_pairs(questions: list[Question], prompt_fn: Callable[[str], st
     return pairs
 
 
-def _batch(tokenizer, pairs: list[tuple[str, str]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask and labels that score only the action tokens."""
+def _batch(tokenizer, pairs: list[tuple[str, str]], pad_id: int) -> Batch:
+    """Right-padded ids whose action mask marks the action tokens (the only ones scored)."""
     rows = []
     for question, action in pairs:
         q = tokenizer(question, add_special_tokens=False)["input_ids"]
         a = tokenizer(action, add_special_tokens=False)["input_ids"]
-        rows.append((q + a, [-100] * len(q) + a))
+        rows.append((q + a, len(q)))
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (seq, lab) in enumerate(rows):
-        ids[i, : len(seq)], labels[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), torch.tensor(lab), 1
-    return ids, mask, labels
+    actions = torch.zeros((len(rows), width - 1), dtype=torch.long)
+    for i, (seq, n_prompt) in enumerate(rows):
+        ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq), 1
+        actions[i, n_prompt - 1: len(seq) - 1] = 1  # column j scores token j + 1
+    return Batch(ids, mask, actions)
 
 
 def format_warmup(model, tokenizer, questions: list[Question], steps: int = 60, lr: float = 1e-2,
                   batch_size: int = 8, seed: int = 0, pairs: list[tuple[str, str]] | None = None,
                   progress: bool = False) -> float:
-    """Fit the action format (loss on the action tokens only); returns the last loss.
+    """Fit the action format (mean NLL of the action tokens only); returns the last loss.
 
     ``pairs`` overrides the default (question, action) pairs, e.g. with chat-rendered prompts.
+    The log-probs come from the runner's :func:`~openrlhf_sgrpo.local.loss.action_log_probs`,
+    so no logits are computed for the prompt.
     """
     pairs = pairs if pairs is not None else action_format_pairs(questions)
     if not pairs:
         raise ValueError("format_warmup needs at least one question")
     rng = random.Random(seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    device = next(model.parameters()).device
+    opt = make_optimizer(model, lr, weight_decay=0.01)
     model.train()
     loss = torch.tensor(float("nan"))
     bar = tqdm(range(steps), desc="format warm-up", unit="step", disable=not progress, dynamic_ncols=True)
-    for _ in bar:
-        batch = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
-        ids, mask, labels = (t.to(device) for t in batch)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
-    model.eval()
+    try:
+        for _ in bar:
+            batch = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
+            logp = action_log_probs(model, batch)
+            mask = batch.action_mask.to(logp.device)
+            loss = -(logp * mask).sum() / mask.sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", refresh=False)
+    finally:
+        model.eval()
     return float(loss.detach())

@@ -1,7 +1,7 @@
 """Imported at start-up by every Python process of the test's Ray cluster (it is on PYTHONPATH).
 
 Two test-only jobs, neither touching CUDA:
-- the GPU-only import stubs of ``tests/conftest.py`` (``vllm``, ``flash_attn``), which cannot
+- the GPU-only import stubs of ``openrlhf_sgrpo/testing.py`` (``vllm``, ``flash_attn``), which cannot
   cross process borders any other way;
 - a recorder of every ``torch.cuda`` device probe with the ``CUDA_VISIBLE_DEVICES`` value it saw,
   so a test can tell a probe made before Ray assigned the process its GPUs (the bug of a worker
@@ -60,8 +60,9 @@ class _InstrumentTorchOnImport(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
-    conftest = Path(__file__).resolve().parent.parent / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_sgrpo_test_conftest", conftest)
+    # By file location: sitecustomize runs before the worker's sys.path holds the repository.
+    stubs = Path(__file__).resolve().parents[2] / "openrlhf_sgrpo" / "testing.py"
+    spec = importlib.util.spec_from_file_location("_sgrpo_test_stubs", stubs)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.install_gpu_import_stubs()

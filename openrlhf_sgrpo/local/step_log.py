@@ -1,4 +1,6 @@
-"""Step metrics to JSONL (always), TensorBoard (when installed) and wandb (when configured).
+"""The run's step log: one record per step to ``metrics.jsonl`` (always), TensorBoard (when
+installed) and wandb (when configured). The paper's metrics themselves are computed in
+:mod:`openrlhf_sgrpo.metrics`; this module only writes and reads records.
 
 JSONL is the source of truth (the demo's report and the resume test read it); the other sinks
 are views. wandb is used only when ``WANDB_API_KEY`` or ``WANDB_MODE`` is set, never by default,
@@ -22,7 +24,7 @@ def _plain(value):
     return value
 
 
-class MetricsLogger:
+class StepLogger:
     """``log(step, metrics)`` appends one JSON line and mirrors scalars to TensorBoard/wandb."""
 
     def __init__(self, out_dir: str | Path, run_name: str = "sgrpo-local", config: dict | None = None,
@@ -67,7 +69,7 @@ class MetricsLogger:
             self._wandb.finish()
 
 
-def read_metrics(path: str | Path, phase: str | None = None) -> list[dict]:
+def read_step_log(path: str | Path, phase: str | None = None) -> list[dict]:
     """All records of a metrics.jsonl (optionally one phase), in file order."""
     path = Path(path)
     if not path.exists():
