@@ -1,8 +1,8 @@
 """Test utilities: a minimal real HTTP tool server and a scripted generation engine.
 
-`MiniToolServer` speaks the Search-R1 `/retrieve`, SandboxFusion `/run_code` and Serper-like
-`/search` schemas on 127.0.0.1 (random port) over a small in-memory corpus, and can be told to
-fail or be slow per path, so tool-client and episode tests hit a real socket. `/run_code`
+`MiniToolServer` speaks the Search-R1 `/retrieve` schema (also at `/search`, as retriever_server's
+web-search proxy does) and SandboxFusion's `/run_code` on 127.0.0.1 (random port) over a small
+in-memory corpus, and can be told to fail or be slow per path, so tool-client and episode tests hit a real socket. `/run_code`
 really runs the code in a subprocess with a timeout, without isolation: tests only.
 """
 
@@ -86,17 +86,9 @@ class MiniToolServer:
         return {"status": "Success" if ok else "Failed", "message": "", "compile_result": None,
                 "run_result": run, "executor_pod_name": None, "files": {}}
 
-    def search(self, body: dict) -> dict:
-        ranked = sorted(self.corpus, key=lambda d: -_score(body["q"], d["contents"]))[: int(body.get("num", 3))]
-        organic = []
-        for d in ranked:
-            title, _, text = d["contents"].partition("\n")
-            organic.append({"title": title.strip('"'), "link": f"https://example.org/{d['id']}", "snippet": text})
-        return {"organic": organic}
-
     def _handler(self):
         server = self
-        routes = {"/retrieve": self.retrieve, "/run_code": self.run_code, "/search": self.search}
+        routes = {"/retrieve": self.retrieve, "/run_code": self.run_code, "/search": self.retrieve}
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # keep test output quiet
