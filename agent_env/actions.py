@@ -81,6 +81,14 @@ def parse_action(text: str, allowed: tuple[str, ...] = ACTION_TAGS) -> Action:
     return Action(NONE, "", "no action tag")
 
 
+def answer_of(text: str) -> str | None:
+    """The answer a turn gives, or None: the one rule behind the reward, EM, F1, `answered` and the
+    evaluation's `prediction`. It is the turn's action as `parse_action` reads it, when that is a
+    non-empty `<answer>`: an `<answer>` inside a `<think>` (closed or not) does not count."""
+    action = parse_action(text)
+    return action.content if action.kind == ANSWER else None
+
+
 def corrective_observation(allowed: tuple[str, ...] = ACTION_TAGS) -> str:
     """Search-R1's wording for an invalid turn, extended with `<code>` when the template has it."""
     parts = ["\nMy previous action is invalid. "]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.actions import ANSWER, CODE, INVALID, NONE, SEARCH, Action, corrective_observation, parse_action
 from agent_env.config import AgentConfig
 from agent_env.observations import Truncator, format_docs, information_block, result_block
@@ -57,7 +58,7 @@ class Episode:
         action = parse_action(action_text, self.allowed)
         record = TurnRecord(action.kind)
         observation = ""
-        if action.kind == ANSWER:
+        if action.kind == ANSWER:  # the one answer rule (actions.answer_of) for reward, EM and metadata
             self.answer = action.content
         elif action.is_tool and not final:
             observation = await self._run_tool(action, record, turn=len(self.turns))
@@ -83,7 +84,7 @@ class Episode:
             except Exception as err:  # noqa: BLE001 - a tool failure must never kill a rollout
                 self.counts[K.TOOL_ERRORS] += 1
                 return information_block(f"search failed: {_describe(err)}", self.truncate)
-            record.doc_ids = [K.encode_doc_id(d.id) for d in docs[: self.cfg.topk]]
+            record.doc_ids = [M.encode_doc_id(d.id) for d in docs[: self.cfg.topk]]
             return information_block(format_docs(docs), self.truncate)
         assert action.kind == CODE
         self.counts[K.CODE_CALLS] += 1
@@ -101,11 +102,11 @@ class Episode:
             return score, score
         coef = FormatCoefficients(self.cfg.structure_format_score, self.cfg.final_format_score,
                                   self.cfg.retrieval_score)
-        return format_reward(self.transcript, self.golds, self.cfg.reward, coef), score
+        return format_reward(self.transcript, self.answer, self.golds, self.cfg.reward, coef), score
 
     def metadata(self) -> dict[str, int | float]:
         """All contract keys (same set every call); token ranges are filled by the executor."""
-        meta = K.empty_metadata(self.cfg.max_turns, self.cfg.topk)
+        meta = M.empty_metadata(self.cfg.max_turns, self.cfg.topk)
         meta.update(self.counts)
         meta[K.TURNS] = len(self.turns)
         meta[K.ANSWERED] = int(self.answer is not None)

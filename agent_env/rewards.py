@@ -1,7 +1,11 @@
-"""Answer scoring: Search-R1/FlashRAG EM, sub-EM and token F1, Search-R1's format reward, GAIA.
+"""Answer scoring: EM, sub-EM and token F1 as FlashRAG and Search-R1 compute them, the official GAIA
+scorer, and Search-R1's v0.3 format reward.
 
 Everything here is pure string work so the same functions score training rollouts and
-evaluation reports.
+evaluation reports. Peers followed (and tested against in tests/test_reward_peers.py):
+EM / sub-EM / F1: FlashRAG `flashrag/evaluator/metrics.py` (EM and sub-EM are also Search-R1's
+`verl/utils/reward_score/qa_em.py` `em_check` / `subem_check`); GAIA: the leaderboard's
+`question_scorer` (as vendored by `inspect-evals`); format reward: Search-R1's `qa_em_format.py`.
 """
 
 from __future__ import annotations
@@ -10,16 +14,25 @@ import json
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+_YES_NO = ("yes", "no", "noanswer")
+
+Golds = str | Sequence[str]
 
 
 def normalize_answer(text: str) -> str:
     """Lowercase, drop punctuation, drop a/an/the, collapse whitespace (SQuAD/FlashRAG rules)."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
     return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def gold_list(golds: Golds) -> list[str]:
+    """A plain string is one gold answer (never its characters), as in the peers; else each item."""
+    return [golds] if isinstance(golds, str) else [str(g) for g in golds]
 
 
 def parse_golds(label) -> list[str]:
@@ -41,23 +54,38 @@ def parse_golds(label) -> list[str]:
     return [text]
 
 
-def exact_match(prediction: str, golds: list[str]) -> float:
+def exact_match(prediction: str, golds: Golds) -> float:
+    """1 if the normalized prediction equals some normalized gold answer."""
     pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in golds))
+    return float(any(pred == normalize_answer(g) for g in gold_list(golds)))
 
 
-def sub_exact_match(prediction: str, golds: list[str]) -> float:
-    """1 if some normalized gold answer occurs inside the normalized prediction."""
+def sub_exact_match(prediction: str, golds: Golds) -> float:
+    """1 if some normalized gold answer occurs inside the normalized prediction.
+
+    Peer-exact on purpose: a gold that normalizes to the empty string ('!!!', 'The The', 'A+') is
+    inside every prediction, so it scores 1 whatever was answered, as in FlashRAG's `Sub_ExactMatch`
+    and Search-R1's `subem_check`; our reported sub-EM is then the number they report. (6 of the
+    ~31k questions in ../shared/data have such a gold; under group normalization a prompt whose
+    samples all score 1 adds no gradient, so training loses nothing by it.)
+    """
     pred = normalize_answer(prediction)
-    return float(any(normalize_answer(g) and normalize_answer(g) in pred for g in golds))
+    return float(any(normalize_answer(g) in pred for g in gold_list(golds)))
 
 
-def token_f1(prediction: str, golds: list[str]) -> float:
-    """Token-level F1 on normalized words, max over gold answers."""
-    pred_tokens = normalize_answer(prediction).split()
+def token_f1(prediction: str, golds: Golds) -> float:
+    """Token-level F1 on normalized words, max over gold answers (FlashRAG's `F1_Score`).
+
+    As in FlashRAG and HotpotQA's official evaluation, when the prediction or the gold normalizes
+    to yes / no / noanswer and the two differ, that gold scores 0 (no partial credit for
+    "yes it is" against "yes").
+    """
+    pred = normalize_answer(prediction)
     best = 0.0
-    for gold in golds:
-        gold_tokens = normalize_answer(gold).split()
+    for gold in map(normalize_answer, gold_list(golds)):
+        if (pred in _YES_NO or gold in _YES_NO) and pred != gold:
+            continue
+        pred_tokens, gold_tokens = pred.split(), gold.split()
         common = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
         if common == 0:
             continue
@@ -67,45 +95,55 @@ def token_f1(prediction: str, golds: list[str]) -> float:
 
 
 # ---------------------------------------------------------------- GAIA
-def _gaia_number(text: str) -> float | None:
-    cleaned = text.strip()
-    for ch in "$%,":
-        cleaned = cleaned.replace(ch, "")
+def _is_float(text: str) -> bool:
     try:
-        return float(cleaned)
+        float(text)
     except ValueError:
-        return None
+        return False
+    return True
+
+
+def _gaia_number(text: str) -> float:
+    """The official `normalize_number_str`: drop `$ % ,` and parse; not a number gives inf (sic)."""
+    for ch in "$%,":
+        text = text.replace(ch, "")
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")
 
 
 def _gaia_str(text: str, remove_punct: bool = True) -> str:
-    text = "".join(text.split()).lower()
+    """The official `normalize_str`: no whitespace at all, lowercase, optionally no punctuation."""
+    text = re.sub(r"\s", "", text).lower()
     return "".join(ch for ch in text if ch not in _PUNCT) if remove_punct else text
 
 
-def _gaia_element(pred: str, gold: str) -> bool:
-    gold_num = _gaia_number(gold)
-    if gold_num is not None:
-        pred_num = _gaia_number(pred)
-        return pred_num is not None and pred_num == gold_num
-    return _gaia_str(pred, remove_punct=False) == _gaia_str(gold, remove_punct=False)
-
-
 def gaia_score(prediction: str, gold: str) -> float:
-    """GAIA's scorer: numbers as floats, `,`/`;` lists element-wise, strings normalized."""
-    if _gaia_number(gold) is not None:
-        pred_num = _gaia_number(prediction)
-        return float(pred_num is not None and pred_num == _gaia_number(gold))
+    """GAIA's official `question_scorer`, quirks included so our accuracy is the leaderboard's.
+
+    Only the prediction is normalized: a gold that `float()` parses as it stands is a number (the
+    prediction loses `$ % ,` and must parse to the same float; one that does not parse counts as
+    inf, so it matches a gold of "inf"); else a gold holding `,` or `;` is a list, split on both,
+    compared element-wise with the same rule per element but strings keeping their punctuation;
+    else both are compared as strings without whitespace, case or punctuation. So a gold "$1,000"
+    is the list ["$1", "000"] and a gold "12.5%" the string "125".
+    """
+    if _is_float(gold):
+        return float(_gaia_number(prediction) == float(gold))
     if any(sep in gold for sep in ",;"):
-        gold_items = re.split(r"[,;]", gold)
-        pred_items = re.split(r"[,;]", prediction)
+        gold_items, pred_items = re.split(r"[,;]", gold), re.split(r"[,;]", prediction)
         if len(gold_items) != len(pred_items):
             return 0.0
-        return float(all(_gaia_element(p, g) for p, g in zip(pred_items, gold_items)))
+        return float(all(_gaia_number(p) == float(g) if _is_float(g)
+                         else _gaia_str(p, remove_punct=False) == _gaia_str(g, remove_punct=False)
+                         for p, g in zip(pred_items, gold_items)))
     return float(_gaia_str(prediction) == _gaia_str(gold))
 
 
-def gaia_match(prediction: str, golds: list[str]) -> float:
-    return max((gaia_score(prediction, g) for g in golds), default=0.0)
+def gaia_match(prediction: str, golds: Golds) -> float:
+    """Best official GAIA score over the gold answers (GAIA itself has one per task)."""
+    return max((gaia_score(prediction, g) for g in gold_list(golds)), default=0.0)
 
 
 METRICS = {"em": exact_match, "sub_em": sub_exact_match, "f1": token_f1, "gaia": gaia_match}
@@ -146,16 +184,10 @@ def is_valid_sequence(response: str) -> bool:
     return state == "end"
 
 
-def extract_answer(response: str) -> str | None:
-    """Content of the last complete `<answer>` element, or None."""
-    found = re.findall(r"<answer>(.*?)</answer>", response, re.DOTALL)
-    return found[-1].strip() if found else None
-
-
-def retrieval_hit(response: str, golds: list[str]) -> bool:
-    """Some gold answer appears in an `<information>` block (Search-R1's retrieval score)."""
-    blocks = " ".join(re.findall(r"<information>(.*?)</information>", response, re.DOTALL))
-    return bool(sub_exact_match(blocks, golds)) if blocks else False
+def retrieval_hit(response: str, golds: Golds) -> bool:
+    """Some gold answer is inside one `<information>` block (Search-R1's `is_retrieval_correct`)."""
+    blocks = re.findall(r"<information>(.*?)</information>", response, re.DOTALL)
+    return any(sub_exact_match(block, golds) for block in blocks)
 
 
 @dataclass(frozen=True)
@@ -165,15 +197,18 @@ class FormatCoefficients:
     retrieval_score: float = 0.0
 
 
-def format_reward(response: str, golds: list[str], metric: str = "em",
+def format_reward(response: str, answer: str | None, golds: Golds, metric: str = "em",
                   coef: FormatCoefficients = FormatCoefficients()) -> float:
     """Search-R1 v0.3 `compute_score_em` semantics, generalised to any metric in METRICS.
 
-    A correct answer scores the metric (minus the structure score when the format is broken);
-    a wrong or missing one earns only format credit.
+    `response` is the whole trajectory after the prompt (turns and observations); `answer` is the
+    final turn's answer as `agent_env.actions.answer_of` reads it (None when it gave none): the
+    same answer that EM, F1 and `answered` see, so an `<answer>` the parser does not count (inside
+    an unclosed `<think>`, or printed by a tool) earns nothing here either. A correct answer scores
+    the metric (minus the structure score when the format is broken); a wrong or missing one earns
+    only format credit.
     """
     valid = is_valid_sequence(response)
-    answer = extract_answer(response)
     score = METRICS[metric](answer, golds) if answer is not None else 0.0
     if answer is not None and score > 0:
         return score if valid else score - coef.structure_format_score

@@ -1,16 +1,22 @@
-"""Flask app factory: `/run_code`, `/health`, `/metrics` over any Backend."""
+"""Flask app factory: `/run_code`, `/health`, `/metrics` over any Backend.
+
+Every answer is JSON (Prometheus text for /metrics): a run's outcome is a 200 with SandboxFusion's
+body, whatever it was; a client mistake is a 4xx `{"error": ...}` naming the field; a full queue
+is a 429 and a draining service a 503, both with Retry-After.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from .admission import Admission, QueueFull
-from .api import DEFAULT_MAX_OUTPUT_BYTES, RequestError, parse_run_request, to_response
+from .admission import Admission, Closed, QueueFull
+from .api import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, Outcome, RequestError, RequestLimits, parse_run_request, to_response
 from .backends.base import Backend, Guarantees
 from .metrics import Metrics
 
@@ -18,63 +24,69 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
 
 
-def create_app(backend: Backend, guarantees: Guarantees, max_concurrency: int = 4, max_queue: int = 64,
-               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Flask:
-    """Build the service around an already-probed backend (the caller owns its lifetime)."""
+def create_app(backend: Backend, guarantees: Guarantees, admission: Admission,
+               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, limits: RequestLimits = RequestLimits()) -> Flask:
+    """Build the service around an already-probed backend (the caller owns its lifetime and the
+    admission, which it closes to drain)."""
     app = Flask("sandbox")
-    admission = Admission(max_concurrency, max_queue)
     metrics = Metrics()
     started = time.time()
     app.extensions["sandbox"] = {"backend": backend, "admission": admission, "metrics": metrics}
 
     def reply(body: dict[str, Any], code: int, headers: dict[str, str] | None = None) -> Response:
         metrics.observe_request(code)
-        resp = jsonify(body)
-        resp.status_code = code
-        for k, v in (headers or {}).items():
-            resp.headers[k] = v
-        return resp
+        return Response(json.dumps(body), status=code, mimetype="application/json", headers=headers)
+
+    def error(message: str, code: int, retry: bool = False) -> Response:
+        return reply({"error": message}, code, {"Retry-After": str(RETRY_AFTER_S)} if retry else None)
 
     @app.post("/run_code")
     def run_code() -> Response:
-        payload = request.get_json(silent=True)
-        if payload is None:
-            return reply({"status": "Failed", "message": "body must be JSON (Content-Type: application/json)"},
-                         400)
         try:
-            run_request = parse_run_request(payload)
+            payload = json.loads(request.get_data(cache=False))
+        except RecursionError:
+            return error("the body is JSON nested too deeply", 400)
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
+            return error(f"the body is not valid JSON: {err}", 400)
+        try:
+            run_request = parse_run_request(payload, limits)
         except RequestError as err:
-            return reply({"status": "Failed", "message": str(err)}, 400)
+            return error(str(err), 400)
         try:
             with admission.slot():
                 result = backend.run(run_request, max_output_bytes)
         except QueueFull as err:
-            return reply({"status": "SandboxError", "message": f"sandbox busy: {err}; retry later"}, 429,
-                         {"Retry-After": str(RETRY_AFTER_S)})
-        except Exception as err:  # a backend fault is reported, never a bare 500 page
+            return error(f"sandbox busy: {err}; retry later", 429, retry=True)
+        except Closed as err:
+            return error(f"{err}; retry on another replica", 503, retry=True)
+        except Exception as err:  # a backend fault is the sandbox's error, answered as SandboxFusion does
             log.exception("backend failure")
-            return reply({"status": "SandboxError", "message": f"{type(err).__name__}: {err}",
-                          "compile_result": None, "run_result": None, "files": {}}, 500)
-        metrics.observe_run(result.status if result.sandbox_error is None else "SandboxError",
-                            result.execution_time)
+            result = ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error=f"{type(err).__name__}: {err}")
+        metrics.observe_run(result.outcome.value, result.execution_time)
         return reply(to_response(result), 200)
 
     @app.get("/health")
     def health() -> Response:
         body = {"status": "ok" if not guarantees.missing else "degraded", "backend": backend.name,
                 "guarantees": guarantees.as_dict(), "max_concurrency": admission.max_concurrency,
-                "max_queue": admission.max_queue, "uptime_s": round(time.time() - started, 1)}
-        return reply(body, 200)
+                "max_queue": admission.max_queue, "draining": admission.closed,
+                "uptime_s": round(time.time() - started, 1)}
+        return reply(body, 503 if admission.closed else 200)
 
     @app.get("/metrics")
     def metrics_view() -> Response:
-        gauges = {"running": admission.running, "queued": admission.waiting,
-                  "rejected_total": admission.rejected, **backend.stats()}
+        metrics.observe_request(200)
+        gauges = {"running": admission.running, "queued": admission.waiting, "rejected_total": admission.rejected,
+                  "draining": float(admission.closed), **backend.stats()}
         return Response(metrics.render(gauges), mimetype="text/plain; version=0.0.4")
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
-        return reply({"status": "Failed", "message": f"{err.code} {err.name}: {err.description}"},
-                     err.code or 500)
+        return error(f"{err.code} {err.name}: {err.description}", err.code or 500)
+
+    @app.errorhandler(Exception)
+    def unexpected(err: Exception) -> Response:
+        log.exception("unhandled error")
+        return error(f"internal error ({type(err).__name__})", 500)
 
     return app

@@ -122,16 +122,6 @@ class Slot:
                 return int(value)
         return 0
 
-    def memory_failures(self) -> int:
-        """v1 failcnt / v2 'max' events: how often the limit was hit (fallback OOM signal)."""
-        if self.version == 1:
-            return int(_read(os.path.join(self._mem(), "memory.failcnt")))
-        for line in _read(os.path.join(self._mem(), "memory.events")).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max":
-                return int(value)
-        return 0
-
     def pids(self) -> list[int]:
         return sorted({p for f in self.attach_files for p in _pids_in(f)})
 

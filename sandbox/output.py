@@ -27,8 +27,11 @@ class CappedBuffer:
             self._kept += len(piece)
         self.dropped += max(0, len(data) - max(room, 0))
 
+    def kept(self) -> bytes:
+        return b"".join(self._chunks)
+
     def text(self) -> str:
-        out = b"".join(self._chunks).decode("utf-8", errors="replace")
+        out = self.kept().decode("utf-8", errors="replace")
         if self.dropped:
             out += TRUNCATION_MARKER.format(dropped=self.dropped)
         return out

@@ -48,7 +48,7 @@ def run_probe(backend: "Backend", g: "Guarantees", uid_is_host_non_root: bool = 
     try:
         facts = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        reason = f"probe run failed: {result.sandbox_error or result.stderr[-500:] or result.status}"
+        reason = f"probe run failed: {result.sandbox_error or result.stderr[-500:] or result.outcome.value}"
         for name in PROBED:
             g.set(name, False, reason)
         return

@@ -1,7 +1,11 @@
-"""`python -m sandbox.serve`: probe the backend, refuse weak isolation, serve with waitress.
+"""`python -m sandbox.serve`: probe the backend, refuse weak isolation, serve over HTTP.
 
-Prints `SANDBOX_LISTENING http://HOST:PORT` once bound (so `--port 0` callers learn the port)
-and cleans up every cgroup/container on SIGTERM or SIGINT.
+Prints `SANDBOX_LISTENING http://HOST:PORT` once bound (so `--port 0` callers learn the port).
+On SIGTERM or SIGINT it drains: it stops accepting, lets the runs in progress finish within their
+own time-outs and answers each, answers queued and later requests 503, then removes every
+cgroup/container it created and exits 0. A second signal stops at once.
+Exit status 3: the host lacks what the backend needs (bubblewrap, cgroups, a Docker engine or
+image, a guarantee failed its probe); anything else non-zero is a fault of this service.
 """
 
 from __future__ import annotations
@@ -10,14 +14,19 @@ import argparse
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .api import DEFAULT_MAX_OUTPUT_BYTES
+from .admission import Admission
+from .api import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_RUN_TIMEOUT_S, MIN_MEMORY_MB, RequestLimits
 from .app import create_app
 from .backends import make_backend
-from .backends.base import Backend, Guarantees
+from .backends.base import Backend, EnvironmentMissing, Guarantees, IsolationError
+from .http_server import HttpLimits, HttpServer, add_http_flags, http_limits
 
 LISTENING_PREFIX = "SANDBOX_LISTENING "
+EXIT_ENVIRONMENT = 3
+SPARE_THREADS = 4  # beyond running + queued requests: /health, /metrics and quick 429s stay answered
+DRAIN_SLACK_S = 15.0  # beyond the longest run, for the last answers to be written
 log = logging.getLogger("sandbox.serve")
 
 
@@ -32,11 +41,13 @@ class ServeConfig:
     allow_weaker_isolation: bool = False
     docker_image: str = "sgrpo-sandbox:latest"
     docker_mode: str = "resident"
-    local_launcher: str = "auto"
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
-    p = argparse.ArgumentParser(prog="python -m sandbox.serve", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m sandbox.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=("local", "docker"), default="local")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed on stdout)")
@@ -44,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--max-queue", type=int, default=64, help="requests allowed to wait; more get 429")
     p.add_argument("--max-output-bytes", type=int, default=DEFAULT_MAX_OUTPUT_BYTES,
                    help="per stream; the rest is cut with a marker")
+    p.add_argument("--max-run-timeout-s", type=float, default=DEFAULT_MAX_RUN_TIMEOUT_S,
+                   help="longer run_timeout requests are cut to this (default 60)")
+    p.add_argument("--max-memory-mb", type=int, default=DEFAULT_MAX_MEMORY_MB,
+                   help="larger memory_limit_MB requests are cut to this (default 8192)")
     p.add_argument("--allow-weaker-isolation", action="store_true",
                    help="serve even if a guarantee failed its start-up probe (/health lists it)")
     p.add_argument("--docker-image", default="sgrpo-sandbox:latest")
@@ -51,9 +66,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
                    help="resident: pooled containers whose pid-1 runner spawns each run (fastest); "
                         "warm: pooled containers, one `docker exec` per run; "
                         "cold: one container per run (the benchmark baseline)")
-    p.add_argument("--local-launcher", choices=("auto", "shell"), default="auto",
-                   help="auto: the static sgrpo-launch when a C compiler can build it; shell: sh + setpriv "
-                        "(the benchmark baseline)")
+    add_http_flags(p)
     a = p.parse_args(argv)
     if a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
@@ -63,14 +76,20 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         p.error(f"--port must be in [0, 65535], got {a.port}")
     if a.max_output_bytes < 1:
         p.error(f"--max-output-bytes must be >= 1, got {a.max_output_bytes}")
+    if not a.max_run_timeout_s > 0:
+        p.error(f"--max-run-timeout-s must be > 0, got {a.max_run_timeout_s}")
+    if a.max_memory_mb < MIN_MEMORY_MB:
+        p.error(f"--max-memory-mb must be >= {MIN_MEMORY_MB}, got {a.max_memory_mb}")
+    limits = RequestLimits(max_run_timeout_s=a.max_run_timeout_s, max_memory_mb=a.max_memory_mb,
+                           default_memory_mb=min(RequestLimits().default_memory_mb, a.max_memory_mb))
     return ServeConfig(a.backend, a.host, a.port, a.max_concurrency, a.max_queue, a.max_output_bytes,
-                       a.allow_weaker_isolation, a.docker_image, a.docker_mode, a.local_launcher)
+                       a.allow_weaker_isolation, a.docker_image, a.docker_mode, limits, http_limits(p, a))
 
 
 def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
     """Create and probe the backend; raise IsolationError (after cleanup) if it is too weak."""
     backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image,
-                           docker_mode=cfg.docker_mode, local_launcher=cfg.local_launcher)
+                           docker_mode=cfg.docker_mode)
     try:
         guarantees = backend.probe()
         guarantees.enforce(cfg.allow_weaker_isolation)
@@ -85,31 +104,35 @@ def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = parse_args(argv)
-    from waitress import create_server
-
     try:
         backend, guarantees = start_backend(cfg)
-    except Exception as err:  # engine down, image missing, isolation too weak: say why, exit 2
+    except (EnvironmentMissing, IsolationError) as err:
         print(f"sandbox: refusing to start: {err}", file=sys.stderr)
-        return 2
-    app = create_app(backend, guarantees, cfg.max_concurrency, cfg.max_queue, cfg.max_output_bytes)
-    server = create_server(app, host=cfg.host, port=cfg.port,
-                           threads=cfg.max_concurrency + cfg.max_queue + 2,
-                           connection_limit=max(100, 2 * (cfg.max_concurrency + cfg.max_queue)),
-                           channel_timeout=120, ident="sgrpo-sandbox")
+        return EXIT_ENVIRONMENT
+    try:
+        admission = Admission(cfg.max_concurrency, cfg.max_queue)
+        app = create_app(backend, guarantees, admission, cfg.max_output_bytes, cfg.limits)
+        server = HttpServer(app, cfg.host, cfg.port, cfg.max_concurrency + cfg.max_queue + SPARE_THREADS,
+                            cfg.http, ident="sgrpo-sandbox")
+    except BaseException:
+        backend.close()
+        raise
 
-    def stop(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
+    def on_signal(signum: int, _frame: object) -> None:
+        if server.stopping:
+            raise SystemExit(128 + signum)  # a second signal: stop now
+        log.info("signal %d: draining (no new requests; runs in progress finish)", signum)
+        server.request_stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    port = server.effective_port  # type: ignore[union-attr]
-    print(f"{LISTENING_PREFIX}http://{cfg.host}:{port}", flush=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"{LISTENING_PREFIX}http://{cfg.host}:{server.port}", flush=True)
     log.info("backend=%s guarantees=%s", backend.name, guarantees.as_dict())
     try:
-        server.run()
+        drained = server.serve_until_drained(admission.close, cfg.limits.max_run_timeout_s + DRAIN_SLACK_S)
+        log.info("drained" if drained else "drain timed out; stopping the runs left")
     except SystemExit:
-        pass
+        log.warning("stopped before the drain finished")
     finally:
         server.close()
         backend.close()

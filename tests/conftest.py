@@ -13,8 +13,14 @@ import types
 
 import pytest
 
+VLLM_SAMPLING_DEFAULTS = {"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 16, "min_tokens": 0,
+                          "stop": None, "stop_token_ids": None, "include_stop_str_in_output": False,
+                          "skip_special_tokens": True, "logprobs": None, "ignore_eos": False, "seed": None}
 GPU_ONLY_MODULES = {
-    "vllm": {"SamplingParams": type("SamplingParams", (), {}), "__version__": "0.29.0"},
+    # SamplingParams: OpenRLHF's SamplesGenerator builds one with keyword arguments; the agent and
+    # the engine read fields by name, with vLLM's defaults for those it does not set.
+    "vllm": {"SamplingParams": type("SamplingParams", (types.SimpleNamespace,), dict(VLLM_SAMPLING_DEFAULTS)),
+             "__version__": "0.29.0"},
     "vllm.inputs": {"TokensPrompt": dict},
     "vllm.utils": {"random_uuid": lambda: "0"},
     "flash_attn": {"__version__": "2.8.3"},

@@ -3,6 +3,7 @@
 import pytest
 
 from agent_env.actions import STOP_STRINGS, corrective_observation, parse_action, strip_code_fence
+from peer_rules import SEARCH_R1_INVALID_ACTION
 
 ALL = ("search", "code", "answer")
 SR1 = ("search", "answer")
@@ -80,11 +81,19 @@ def test_stop_strings_close_every_action():
 
 def test_corrective_observation_uses_search_r1_wording():
     text = corrective_observation(SR1)
-    assert text.startswith("\nMy previous action is invalid. ")
-    assert "If I want to search, I should put the query between <search> and </search>." in text
+    assert text == SEARCH_R1_INVALID_ACTION  # byte for byte
     assert "<code>" not in text
     assert "<code> and </code>" in corrective_observation(ALL)
 
 
 def test_strip_code_fence_keeps_bare_code():
     assert strip_code_fence("print('```')") == "print('```')"
+
+
+def test_the_unisolated_test_server_does_not_ship_in_the_package():
+    """Issue #15: the code runner without isolation is a test helper (tests/agent_fakes.py) only."""
+    from pathlib import Path
+
+    import agent_env
+
+    assert not (Path(agent_env.__file__).parent / "testing.py").exists()

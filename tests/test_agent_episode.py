@@ -8,9 +8,11 @@ import socket
 import pytest
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import MiniToolServer, ScriptedEngine
+from agent_fakes import MiniToolServer, ScriptedEngine
+from peer_rules import search_r1_search_observation
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
@@ -55,7 +57,7 @@ def run_episodes(cfg, tok, scripts, label='["Paris", "paris city"]', max_length=
 
 
 def test_search_then_answer(server, tok):
-    cfg = make_cfg(server)
+    cfg = make_cfg(server, max_obs_tokens=2000)  # no cut: the observation is compared whole
     (res,) = run_episodes(cfg, tok, [[SEARCH, ANSWER]])
     meta, ranges, tokens = res["extra_logs"], res["action_ranges"], res["observation_tokens"]
     assert res["reward"] == 1.0 and res["scores"] == 1.0
@@ -68,9 +70,11 @@ def test_search_then_answer(server, tok):
     text = tok.decode(tokens)
     assert text.startswith("Answer the given question.") and "Question: capital?\n" in text
     obs = tok.decode(tokens[ranges[0][1]:ranges[1][0]])
-    assert obs.startswith("\n\n<information>Doc 1(Title: Paris) Paris is the capital and largest city of France.\n")
-    assert obs.endswith("</information>\n\n") and "Doc 3(Title: " in obs
-    turns = K.decode_turns(meta)
+    turns = M.decode_turns(meta)
+    # the whole observation, byte for byte, is what Search-R1 shows for the same three passages
+    by_id = {M.encode_doc_id(d["id"]): d["contents"] for d in CORPUS}
+    assert obs == search_r1_search_observation([by_id[i] for i in turns[0].doc_ids])
+    assert obs.startswith('\n\n<information>Doc 1(Title: "Paris") Paris is the capital and largest city')
     assert [t.kind for t in turns] == ["search", "answer"]
     assert [(t.start, t.end) for t in turns] == ranges
     assert turns[0].doc_ids[0] == 0 and len(turns[0].doc_ids) == 3 and turns[1].doc_ids == []
@@ -83,7 +87,7 @@ def test_max_turns_then_final_turn_without_tools(server, tok):
     meta = res["extra_logs"]
     assert meta[K.TURNS] == 3 == len(res["action_ranges"])  # 2 tool turns + the final one
     assert (meta[K.SEARCH_CALLS], meta[K.ANSWERED], res["reward"]) == (2, 0, 0.0)
-    assert [t.kind for t in K.decode_turns(meta)] == ["search", "search", "search"]
+    assert [t.kind for t in M.decode_turns(meta)] == ["search", "search", "search"]
     assert server.queries_seen == 2  # the final turn's search never ran
 
 
@@ -112,7 +116,7 @@ def test_observations_are_cut_to_max_obs_tokens(server, tok):
     s, e = res["action_ranges"][0][1], res["action_ranges"][1][0]
     obs = tok.decode(res["observation_tokens"][s:e])
     inner = obs[len("\n\n<information>"):-len("</information>\n\n")]
-    assert obs.startswith("\n\n<information>Doc 1(Title: Rome)")
+    assert obs.startswith('\n\n<information>Doc 1(Title: "Rome") Rome is the capital')
     assert len(tok(inner, add_special_tokens=False)["input_ids"]) <= 20
 
 
@@ -158,6 +162,15 @@ def test_format_reward_and_budget_exhaustion_keep_all_keys(server, tok):
     (short,) = run_episodes(cfg, tok, [["<think>hm</think><search>" + "capital " * 300]], max_length=150)
     assert short["truncated"] and set(short["extra_logs"]) == set(good["extra_logs"])
     assert short["extra_logs"][K.INVALID_ACTIONS] == 1
+
+
+def test_an_answer_inside_an_unclosed_think_is_no_answer_for_reward_em_and_metadata(server, tok):
+    """One extraction rule: the final turn's `<answer>` inside `<think>` counts nowhere (it used to
+    earn 0.8 of format reward while EM and `answered` said there was no answer)."""
+    cfg = make_cfg(server, format_reward=True, max_turns=1)
+    (res,) = run_episodes(cfg, tok, [[SEARCH, "<think>maybe <answer> Paris </answer>"]])
+    meta = res["extra_logs"]
+    assert (meta[K.ANSWERED], meta[K.EM], meta[K.F1], res["reward"], res["scores"]) == (0, 0.0, 0.0, 0.0, 0.0)
 
 
 def test_max_tokens_per_turn_caps_every_turn_not_only_the_first(server, tok):

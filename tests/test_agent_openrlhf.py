@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.testing import MiniToolServer
+from agent_fakes import MiniToolServer
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
@@ -90,7 +91,7 @@ def test_executor_with_real_model_to_experience(tiny, samples_generator):
         assert e.rollout_log_probs is not None and e.rollout_log_probs.shape == e.action_mask.shape
     assert all(e.info[K.INVALID_ACTIONS].item() >= 1 for e in exps[:3])  # gibberish is not an action
     assert any(e.info[K.ACTION_TOKENS].item() < e.response_length.item() for e in exps)
-    turns = K.decode_turns({k: v[0] for k, v in exps[0].info.items()})
+    turns = M.decode_turns({k: v[0] for k, v in exps[0].info.items()})
     assert [(t.start, t.end) for t in turns] == [tuple(x) for x in responses[0]["action_ranges"]]
 
     # OpenRLHF merges per-sample infos key by key; ragged key sets or lists would fail here

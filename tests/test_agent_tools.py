@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from agent_env.config import ConfigError, config_from_dict, load_config
-from agent_env.testing import MiniToolServer
+from agent_fakes import MiniToolServer
 from agent_env.tools import HttpPolicy, JsonHttp, RetrieverClient, SandboxClient, ToolError
 
 CORPUS = [
@@ -39,7 +39,7 @@ def test_retriever_returns_docs_with_titles():
     with MiniToolServer(CORPUS) as srv:
         docs = run(lambda http: RetrieverClient(srv.url("/retrieve"), http, topk=2).search("capital of Germany"))
     assert [d.id for d in docs][0] == "1"
-    assert docs[0].title == "Berlin" and docs[0].text == "Berlin is the capital of Germany."
+    assert docs[0].title == '"Berlin"' and docs[0].text == "Berlin is the capital of Germany."  # Search-R1 keeps quotes
     assert len(docs) == 2
 
 

@@ -148,13 +148,14 @@ def test_bad_shapes_are_refused():
 def agent_experiences(group):
     """One Experience per rollout, info slots written as the agent does (token-space ranges)."""
     from agent_env import info_keys as K
+    from agent_env import metadata as M
     from openrlhf.trainer.ppo_utils.experience import Experience
 
     kind, start, end, docs, _, f1, fmt = group
     rewards = [1.0, 0.0, 0.2]
     out = []
     for i in range(3):
-        meta = K.empty_metadata(max_turns=3, topk=2)
+        meta = M.empty_metadata(max_turns=3, topk=2)
         mask = torch.zeros(1, W, dtype=torch.bool)
         for k in range(4):
             meta[K.turn_kind_key(k)] = kind[i][k]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from openrlhf_sgrpo.cli.train_ppo_ray import CliError, parse_config
+from openrlhf_sgrpo.cli.train_ppo_ray import CliError, main, parse_config
 
 # A full GRPO-style command line (Search-R1 setting) with every new flag.
 GRPO_ARGV = [
@@ -70,3 +70,14 @@ def test_cli_exit_codes_and_messages():
 def test_upstream_estimators_still_parse():
     assert parse_config(["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4"]
                         ).algo.advantage.estimator == "group_norm"
+
+
+def test_sapo_without_a_second_update_is_called_inert(capsys):
+    """One optimizer step per rollout: every ratio is 1 and SAPO's term is exactly 0; say so."""
+    base = ["--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "8", "--algo.sapo.enable", "--dry_run",
+            "--algo.advantage.estimator", "group_norm"]
+    assert main([*base, "--train.batch_size", "32"]) == 0
+    assert "warning: --algo.sapo.enable has no effect" in capsys.readouterr().err
+    for fix in (["--train.batch_size", "16"], ["--train.batch_size", "32", "--train.max_epochs", "2"]):
+        assert main([*base, *fix]) == 0
+        assert "warning" not in capsys.readouterr().err

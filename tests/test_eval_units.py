@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from agent_env.config import config_from_dict
+from agent_env.episode import Episode
+from agent_env.rewards import parse_golds
 from openrlhf_sgrpo.eval.__main__ import _by_level, main, parse_args
 from openrlhf_sgrpo.eval.core import summarize
 from openrlhf_sgrpo.eval.gaia import load_gaia
 from openrlhf_sgrpo.eval.table import qa_table
 from openrlhf_sgrpo.local.data import DataError, load_flashrag_jsonl
+from openrlhf_sgrpo.local.rollout import label_of
+from peer_rules import official_gaia_question_scorer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gaia" / "metadata.jsonl"
 
@@ -37,6 +43,29 @@ def test_gaia_fixture_levels_and_attached_file():
     with_file = [q for q in qs if "Attached file:" in q.question]
     assert len(with_file) == 1 and with_file[0].question.endswith("fruit_counts.csv")
     assert Path(with_file[0].question.rsplit(": ", 1)[1]).exists()
+
+
+# (Final answer, prediction, official question_scorer's verdict): golds with `$ % ,` and lists of
+# numbers, where a scorer that also normalizes the gold would differ.
+GAIA_SCORING = [("391", "391", 1.0), ("$1,000", "1000", 0.0), ("$1,000", "$1,000", 1.0), ("12.5%", "125", 1.0),
+                ("12.5%", "12.5", 1.0), ("2, 3, 5", "2,3,5", 1.0), ("10%, 20%", "10, 20", 0.0),
+                ("1.5", "$1.50", 1.0), ("Salzburg", "salzburg.", 1.0)]
+
+
+def test_gaia_answers_score_as_the_official_scorer_through_loader_and_episode(tmp_path):
+    """metadata.jsonl → load_gaia → the rollout's label → the episode's reward: the official verdict."""
+    meta = tmp_path / "metadata.jsonl"
+    meta.write_text("".join(json.dumps({"task_id": f"t{i}", "Question": "Q?", "Level": 1, "Final answer": gold,
+                                        "file_name": ""}) + "\n" for i, (gold, _, _) in enumerate(GAIA_SCORING)))
+    questions, _ = load_gaia(meta)
+    official = official_gaia_question_scorer()
+    cfg = config_from_dict({"reward": "gaia", "template": "deep_research"})
+    for q, (gold, pred, verdict) in zip(questions, GAIA_SCORING):
+        episode = Episode(cfg, tools=None, golds=parse_golds(label_of(q.golds)), truncate=lambda t: t)
+        outcome = asyncio.run(episode.step(f"<think>done</think><answer>{pred}</answer>"))
+        assert (outcome.done, outcome.score, outcome.reward) == (True, verdict, verdict), (gold, pred)
+        if official is not None:  # installed test dependency (requirements-nodeps.txt)
+            assert float(official(pred, gold)[0]) == verdict, (gold, pred)
 
 
 def test_by_level_accuracy():

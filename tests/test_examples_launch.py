@@ -241,3 +241,17 @@ def test_eval_reports_missing_data(tmp_path):
     proc = run_eval_script("eval/eval_qa.sh", tmp_path, DATA_DIR=str(tmp_path / "nowhere"))
     assert proc.returncode == 2
     assert f"--data {tmp_path / 'nowhere' / 'test.jsonl'} does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+def test_sapo_example_takes_two_optimizer_steps_per_rollout(tmp_path):
+    """SAPO acts only when the updated policy differs from the sampling one: 2 mini-batches per rollout."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "SAVE_PATH": str(tmp_path / "run")}
+    proc = subprocess.run(["bash", str(EXAMPLES / "qwen2.5-3b" / "train_sapo_sgrpo_base.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads(proc.stdout)
+    samples = cfg["rollout"]["batch_size"] * cfg["rollout"]["n_samples_per_prompt"]
+    assert cfg["algo"]["sapo"]["enable"] and samples // cfg["train"]["batch_size"] == 2
+    assert cfg["train"]["max_epochs"] == 1 and cfg["algo"]["advantage"]["estimator"] == "stratified_grpo"
+    assert "has no effect" not in proc.stderr

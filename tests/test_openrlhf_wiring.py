@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import copy
 import random
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +20,6 @@ pytestmark = pytest.mark.usefixtures("openrlhf_gpu_stubs")
 
 N = 4  # samples per prompt
 PROMPTS = 3
-CONFTEST = Path(__file__).with_name("conftest.py")
 
 
 def make_args(*flags: str):
@@ -113,6 +108,50 @@ def test_peer_check_alpha0_equals_openrlhf_group_norm():
         assert g.kl is None and w.kl is None
 
 
+@pytest.mark.parametrize("ours, upstream_name, extra", [
+    ("stratified_reinforce", "reinforce_baseline", ()),
+    ("stratified_reinforce", "reinforce_baseline", ("--algo.advantage.no_std_norm",)),
+    ("stratified_rloo", "rloo", ()),
+])
+def test_peer_check_alpha0_equals_upstream_estimator(ours, upstream_name, extra):
+    """At alpha=0 each stratified estimator is its upstream twin, batch whitening included."""
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
+
+    exps, _, _ = make_experiences(seed=6)
+    upstream = make_maker(RemoteExperienceMaker, make_args("--algo.advantage.estimator", upstream_name, *extra), 0.01)
+    mine = make_maker(StratifiedExperienceMaker, make_args("--algo.advantage.estimator", ours,
+                                                           "--algo.advantage.sgrpo_alpha", "0", *extra), 0.01)
+    want = upstream.compute_advantages_and_returns(copy.deepcopy(exps))
+    got = mine.compute_advantages_and_returns(copy.deepcopy(exps))
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.advantages, w.advantages, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g.returns, w.returns, rtol=1e-5, atol=1e-6)
+    if ours == "stratified_reinforce" and not extra:  # whitened: zero mean, unit std over action tokens
+        adv = torch.cat([g.advantages[g.action_mask] for g in got])
+        assert abs(float(adv.mean())) < 1e-5 and abs(float(adv.std(unbiased=False)) - 1) < 1e-4
+
+
+def test_agent_turn_slots_leave_info_after_advantages_counters_stay():
+    """OpenRLHF logs (and all-reduces) every info tensor: per-turn slots must not reach it."""
+    from agent_env import info_keys as K
+
+    from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
+
+    exps, _, _ = make_experiences(seed=7)
+    slots = [K.turn_kind_key(0), K.turn_start_key(0), K.turn_end_key(4), K.turn_doc_key(2, 1)]
+    for e in exps:
+        for key in slots + [K.SEARCH_CALLS, K.EM]:
+            e.info[key] = torch.zeros(len(e.index))
+    for estimator in ("stratified_grpo", "group_norm"):
+        maker = make_maker(StratifiedExperienceMaker, make_args("--algo.advantage.estimator", estimator))
+        out = maker.compute_advantages_and_returns(copy.deepcopy(exps))
+        for e in out:
+            assert not any(K.is_turn_slot_key(k) for k in e.info), sorted(e.info)
+            assert {K.TOOL_CALLS, K.SEARCH_CALLS, K.EM, "sgrpo/strata_per_prompt"} <= set(e.info)
+
+
 def test_stratified_advantages_reach_every_action_token_in_prompt_order():
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY, StratifiedExperienceMaker
 
@@ -176,94 +215,91 @@ def test_missing_strata_key_names_the_agent():
         maker.compute_advantages_and_returns(exps)
 
 
-def test_trainer_subclass_builds_our_experience_maker():
+def test_trainers_build_our_experience_maker_with_upstreams_arguments():
+    """What the sync trainer and the async training actor add to BasePPOTrainer.__init__."""
+    from types import SimpleNamespace
+
     import openrlhf.trainer.ppo_trainer as ppo_trainer
 
+    from openrlhf_sgrpo.openrlhf_ext.actors import SGRPOPPOTrainerImpl, SGRPOTrainingActorImpl, _StratifiedMakerMixin
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
-    from openrlhf_sgrpo.openrlhf_ext.trainer import SGRPOPPOTrainerImpl, use_sgrpo_trainer
 
-    saved = (ppo_trainer.PPOTrainer, ppo_trainer.RemoteExperienceMaker)
+    assert _StratifiedMakerMixin in SGRPOPPOTrainerImpl.__mro__ and _StratifiedMakerMixin in SGRPOTrainingActorImpl.__mro__
+
+    class Base(_StratifiedMakerMixin, ppo_trainer.BasePPOTrainer):
+        pass
+
+    args = make_args("--algo.advantage.estimator", "stratified_grpo")
+    groups = [object() for _ in range(4)]
+    trainer = Base(SimpleNamespace(args=args), *groups, None, "tokenizer")
+    maker = trainer.experience_maker
+    assert type(maker) is StratifiedExperienceMaker
+    assert (maker.actor_model_group, maker.critic_model_group, maker.reward_model_group,
+            maker.initial_model_group) == tuple(groups)
+    assert maker.kl_ctl is trainer.kl_ctl and maker.tokenizer == "tokenizer" and maker.args is args
+
+
+def test_driver_replaces_exactly_the_classes_train_looks_up():
+    import importlib
+
+    from openrlhf_sgrpo.openrlhf_ext import actors
+
+    saved = {key: getattr(importlib.import_module(key[0]), key[1]) for key in actors.DRIVER_REPLACEMENTS}
     try:
-        use_sgrpo_trainer()
-        assert ppo_trainer.PPOTrainer.__ray_actor_class__ is SGRPOPPOTrainerImpl
-        # BasePPOTrainer.__init__ is what both sync and async trainers run: check what it builds
-        base = ppo_trainer.BasePPOTrainer.__new__(ppo_trainer.BasePPOTrainer)
-        from types import SimpleNamespace
-        args = make_args("--algo.advantage.estimator", "stratified_grpo")
-        ppo_trainer.BasePPOTrainer.__init__(base, SimpleNamespace(args=args), None, None, None, None, None, None)
-        assert isinstance(base.experience_maker, StratifiedExperienceMaker)
+        actors.install_actor_classes()
+        for (module, name), cls in actors.DRIVER_REPLACEMENTS.items():
+            assert getattr(importlib.import_module(module), name) is cls
+            # same default resources as upstream's class (num_gpus=1 for the policy actor)
+            assert cls._default_options == saved[(module, name)]._default_options
     finally:
-        ppo_trainer.PPOTrainer, ppo_trainer.RemoteExperienceMaker = saved
+        for (module, name), cls in saved.items():
+            setattr(importlib.import_module(module), name, cls)
 
 
-def _fresh_process(code: str) -> str:
-    """Run code in a fresh interpreter with the same GPU-import stubs; return its last stdout line
-    (DeepSpeed prints an accelerator notice on import)."""
-    prelude = textwrap.dedent(f"""
-        import importlib.util
-        _spec = importlib.util.spec_from_file_location("_stubs", {str(CONFTEST)!r})
-        _m = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(_m)
-        _m.install_gpu_import_stubs()
-    """)
-    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
+def test_installed_openrlhf_matches_the_upstream_contract():
+    from openrlhf_sgrpo.cli.train_ppo_ray import _upstream_main_block
+    from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations, main_block_violations
+
+    assert contract_violations() == []
+    assert main_block_violations(_upstream_main_block()) == []
 
 
-def test_fresh_process_unpickling_our_trainer_gets_the_patch():
-    """A Ray worker receives the actor class pickled by reference: unpickling imports our module,
-    and constructing it installs the patch before OpenRLHF builds the experience maker."""
-    import cloudpickle
+def test_contract_violations_name_what_broke():
+    import types
 
-    from openrlhf_sgrpo.openrlhf_ext.trainer import SGRPOPPOTrainerImpl
+    from openrlhf_sgrpo.openrlhf_ext.upstream_contract import UpstreamName, contract_violations, main_block_violations
 
-    blob = cloudpickle.dumps(SGRPOPPOTrainerImpl)
-    assert b"openrlhf_sgrpo.openrlhf_ext.trainer" in blob  # by reference, not by value
-    out = _fresh_process(f"""
-        import pickle
-        import openrlhf.trainer.ppo_trainer as pt
-        before = pt.RemoteExperienceMaker.__name__
-        cls = pickle.loads({blob!r})
-        from openrlhf_sgrpo.openrlhf_ext.patches import install_patches, patches_active
-        obj = cls.__new__(cls)
-        try:
-            cls.__init__(obj, "missing-model", None, None, None, None, None, None)
-        except Exception:
-            pass  # the tokenizer load fails without a model; the patch ran first
-        print(before, pt.RemoteExperienceMaker.__name__, patches_active())
-    """)
-    assert out.split() == ["RemoteExperienceMaker", "StratifiedExperienceMaker", "True"]
+    broken = (UpstreamName("openrlhf.trainer.ppo_trainer", "NoSuchTrainer", why="renamed upstream"),
+              UpstreamName("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.__init__", ("PolicyModelActor",)))
+    problems = contract_violations(broken)
+    assert len(problems) == 2
+    assert "openrlhf.trainer.ppo_trainer.NoSuchTrainer is missing" in problems[0] and "renamed upstream" in problems[0]
+    assert "no longer reads ['PolicyModelActor']" in problems[1]
+    block = compile("import json\nparser = argparse.ArgumentParser()\nwandb.init()\n", "main", "exec")
+    assert isinstance(block, types.CodeType)
+    msgs = main_block_violations(block)
+    assert any("now reads ['wandb']" in m for m in msgs) and any("no longer reads ['train']" in m for m in msgs)
 
 
-@pytest.mark.slow
-def test_ray_worker_setup_hook_patches_real_ray_workers():
-    """A real local Ray cluster: workers started with our runtime_env hook see the patched module."""
-    out = _fresh_process("""
-        import ray
-        from openrlhf_sgrpo.openrlhf_ext.patches import WORKER_SETUP_HOOK
+def test_cli_launch_refuses_a_mismatched_openrlhf(monkeypatch, capsys):
+    from openrlhf_sgrpo.cli import train_ppo_ray
+    from openrlhf_sgrpo.openrlhf_ext import upstream_contract
 
-        def hook():
-            import importlib
-            # the driver's stubs do not cross process borders: stub GPU imports here as well
-            _spec = importlib.util.spec_from_file_location("_stubs", %r)
-            _m = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(_m)
-            _m.install_gpu_import_stubs()
-            mod, fn = WORKER_SETUP_HOOK.rsplit(".", 1)
-            getattr(importlib.import_module(mod), fn)()
+    monkeypatch.setattr(upstream_contract, "contract_violations", lambda: ["openrlhf.x.Y is missing"])
+    argv = ["--rollout.n_samples_per_prompt", str(N), "--algo.advantage.estimator", "stratified_grpo"]
+    assert train_ppo_ray.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "does not match" in err and "openrlhf.x.Y is missing" in err
 
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"worker_process_setup_hook": hook})
 
-        @ray.remote
-        def probe():
-            import os
-            import openrlhf.trainer.ppo_trainer as pt
-            return os.getpid(), pt.RemoteExperienceMaker.__name__
+def test_ray_runtime_env_has_no_worker_start_code_and_forwards_the_agent_config(monkeypatch):
+    """Ray runs a worker_process_setup_hook before it assigns GPUs; ours must not exist."""
+    from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
-        import os
-        pid, name = ray.get(probe.remote())
-        print(pid != os.getpid(), name)
-        ray.shutdown()
-    """ % str(CONFTEST))
-    assert out.split()[-2:] == ["True", "StratifiedExperienceMaker"]
+    monkeypatch.setenv("SGRPO_AGENT_CONFIG", "/runs/x/agent_config.yaml")
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    env = ray_runtime_env()
+    assert set(env) == {"env_vars"}
+    assert env["env_vars"]["SGRPO_AGENT_CONFIG"] == "/runs/x/agent_config.yaml"
+    assert "SERPER_API_KEY" not in env["env_vars"]
+    assert env["env_vars"]["NCCL_DEBUG"] == "WARN"  # OpenRLHF's own default

@@ -1,8 +1,8 @@
 """SAPO: the exact penalized-token mask and term on hand-made tensors, and the real OpenRLHF actor.
 
 The actor tests run OpenRLHF 0.11.2's own ActorPPOTrainer.__init__ and training_step (patched by
-``install_patches``); only the GPU imports, the distributed barrier, the (CUDA-pinned, unused)
-replay buffer and the DeepSpeed strategy's backward/step calls are replaced by CPU stand-ins, and
+``install_sapo_patch``, as our PolicyModelActor does in its own process); only the GPU imports,
+the distributed barrier, the (CUDA-pinned, unused) replay buffer and the DeepSpeed strategy's backward/step calls are replaced by CPU stand-ins, and
 the LM is a one-table softmax policy.
 """
 
@@ -123,9 +123,9 @@ def make_trainer(monkeypatch, *flags):
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
 
     from openrlhf_sgrpo.cli.train_ppo_ray import parse_config
-    from openrlhf_sgrpo.openrlhf_ext.patches import install_patches
+    from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch
 
-    install_patches()
+    install_sapo_patch()
     monkeypatch.setattr(ppo_actor, "torch_dist_barrier_and_cuda_sync", lambda: None)  # no process group on CPU
     monkeypatch.setattr(ppo_actor, "NaiveReplayBuffer", lambda *a, **k: None)  # pins to cuda:N; unused here
     args = parse_config(["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2", *flags])

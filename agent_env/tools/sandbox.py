@@ -9,15 +9,18 @@ HTTP_MARGIN_S = 5.0
 
 
 def format_run_result(data: dict) -> str:
-    """stdout + stderr of a `/run_code` answer, with a note when the run did not finish."""
+    """stdout + stderr of a `/run_code` answer, with a note when the run did not finish or was
+    killed (SandboxFusion reports a death by signal N as return code -N; a memory kill is -9)."""
     if not isinstance(data, dict):
         raise ToolError(f"sandbox answered {type(data).__name__}, expected an object")
     run = data.get("run_result") or {}
     compile_ = data.get("compile_result") or {}
     text = (compile_.get("stderr") or "") + (run.get("stdout") or "") + (run.get("stderr") or "")
-    status = run.get("status")
+    status, return_code = run.get("status"), run.get("return_code")
     if status and status != "Finished":
         text += f"\n[run status: {status}]"
+    elif isinstance(return_code, int) and return_code < 0:
+        text += f"\n[killed by signal {-return_code}]"
     if data.get("status") == "SandboxError":
         raise ToolError(f"sandbox error: {data.get('message') or 'unknown'}")
     return text

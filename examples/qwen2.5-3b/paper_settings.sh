@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # The paper's Qwen2.5-3B setting, shared by the three launch scripts here (sourced, not run).
-# Each script sets ESTIMATOR, ALPHA, MODEL_DEFAULT, CHAT and RUN_NAME, then calls launch_paper_run.
+# Each script sets ESTIMATOR, ALPHA, MODEL_DEFAULT, CHAT and RUN_NAME (and optionally SAPO=1 and
+# UPDATES_PER_STEP), then calls launch_paper_run.
 #
 # "200 steps" in OpenRLHF's terms: a step is one rollout of --rollout.batch_size prompts
 # followed by the policy update(s) on its samples. OpenRLHF reads --data.max_samples prompts
@@ -38,7 +39,10 @@ readonly TOKENS_PER_TURN=500         # generated tokens per assistant turn
 readonly TOKENS_PER_OBS=500          # tokens per <information> block
 readonly TOPK=3                      # passages per search
 readonly PROMPT_BUDGET=512           # the Search-R1 prompt is ~200 tokens
-readonly MAX_LEN=$((PROMPT_BUDGET + MAX_TURNS * (TOKENS_PER_TURN + TOKENS_PER_OBS)))
+readonly OBS_WRAPPER_TOKENS=16       # "\n\n<information>" + "</information>\n\n" around a capped observation (8 in Qwen2.5's vocabulary)
+# Worst case: every tool turn at its cap (action + observation), then the final answer turn,
+# which must still get its TOKENS_PER_TURN (tests/test_length_budget.py runs that case).
+readonly MAX_LEN=$((PROMPT_BUDGET + MAX_TURNS * (TOKENS_PER_TURN + TOKENS_PER_OBS + OBS_WRAPPER_TOKENS) + TOKENS_PER_TURN))
 
 # require_shared_url URL: multi-node runs need one service every node reaches, not loopback.
 require_shared_url() {
@@ -51,6 +55,15 @@ require_shared_url() {
 }
 
 launch_paper_run() {
+  # UPDATES_PER_STEP > 1 splits each rollout into that many mini-batches (optimizer steps); the
+  # SAPO example uses 2, Search-R1's ratio (512 prompts per rollout, 256 per mini-batch). With one
+  # update per rollout the policy that sampled is the one updated, every importance ratio is 1,
+  # and SAPO's term is exactly 0 (docs/sapo_calibadv.md).
+  local updates="${UPDATES_PER_STEP:-1}"
+  if [ $((PROMPTS_PER_UPDATE % updates)) -ne 0 ]; then
+    echo "error: UPDATES_PER_STEP=$updates does not divide $PROMPTS_PER_UPDATE prompts" >&2
+    exit 2
+  fi
   MODEL="${MODEL:-$MODEL_DEFAULT}"
   DATA_DIR="${DATA_DIR:-$HOME/data/sgrpo}"
   RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}"
@@ -80,7 +93,7 @@ launch_paper_run() {
     --train.agent_func_path "$(agent_func_path)"
     # batch and steps (see the header)
     --rollout.batch_size "$PROMPTS_PER_STEP" --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT"
-    --train.batch_size $((PROMPTS_PER_UPDATE * SAMPLES_PER_PROMPT))
+    --train.batch_size $((PROMPTS_PER_UPDATE / updates * SAMPLES_PER_PROMPT))
     --train.num_episodes 1 --train.max_epochs 1
     --rollout.micro_batch_size 16 --train.micro_batch_size 4
     # optimisation
@@ -99,6 +112,7 @@ launch_paper_run() {
     args+=(--algo.advantage.sgrpo_alpha "$ALPHA" --algo.advantage.stratify_by tool_calls)
   fi
   if [ "$CHAT" = 1 ]; then args+=(--data.apply_chat_template); fi
+  if [ "${SAPO:-0}" = 1 ]; then args+=(--algo.sapo.enable); fi
   if [ -n "${EVAL_DATASET:-}" ]; then
     args+=(--eval.dataset "$EVAL_DATASET" --eval.steps "${EVAL_STEPS:-50}" --eval.n_samples_per_prompt 1
            --eval.temperature 0.0)

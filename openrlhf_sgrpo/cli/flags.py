@@ -42,6 +42,12 @@ def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
                    help="epsilon added to per-stratum and per-prompt stds")
     g.add_argument("--algo.advantage.sgrpo_std", type=str, default=DEFAULT_STD, choices=list(STD_KINDS),
                    help="population std (the paper) or unbiased (OpenRLHF's group_norm convention)")
+    r = parser.add_argument_group("openrlhf-sgrpo: rollout records (python -m openrlhf_sgrpo.inspect RUN_DIR)")
+    r.add_argument("--sgrpo.dump_rollouts", type=int, default=0,
+                   help="write this many prompt groups per step (trajectories, strata, advantages) as jsonl "
+                        "to RUN_DIR/rollouts/train/ (0: off)")
+    r.add_argument("--sgrpo.run_dir", type=str, default=None,
+                   help="RUN_DIR of the rollout records (default: --ckpt.output_dir)")
     g.add_argument("--dry_run", action="store_true", default=False,
                    help="print the parsed, hierarchized config as JSON and exit (no Ray, no GPU)")
     for add, _ in _EXTENSIONS:
@@ -57,6 +63,8 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
         errors.append(f"--algo.advantage.sgrpo_alpha must be in [0, 1], got {alpha}")
     if not (math.isfinite(adv.sgrpo_eps) and adv.sgrpo_eps >= 0):
         errors.append(f"--algo.advantage.sgrpo_eps must be >= 0, got {adv.sgrpo_eps}")
+    if args.sgrpo.dump_rollouts < 0:
+        errors.append(f"--sgrpo.dump_rollouts must be >= 0, got {args.sgrpo.dump_rollouts}")
     if adv.strata_cap is not None and adv.strata_cap < 1:
         errors.append(f"--algo.advantage.strata_cap must be >= 1, got {adv.strata_cap}")
     try:

@@ -64,3 +64,21 @@ def validate_extension_args(args: SimpleNamespace) -> list[str]:
         errors.append(f"{CALIB}enable needs prompt groups: --rollout.n_samples_per_prompt >= 2, "
                       f"got {args.rollout.n_samples_per_prompt}")
     return errors
+
+
+def sapo_inert_reason(args: SimpleNamespace) -> str | None:
+    """Why ``--algo.sapo.enable`` can have no effect with these batch settings, or None.
+
+    OpenRLHF computes the old log-probs with the actor right before the update; with one
+    optimizer step per rollout (mini-batch = all samples, one epoch) the policy being updated is
+    the one that sampled, every importance ratio is 1, and SAPO's term is exactly 0.
+    """
+    if not args.algo.sapo.enable:
+        return None
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    if args.train.batch_size >= samples and args.train.max_epochs <= 1:
+        return (f"--algo.sapo.enable has no effect: --train.batch_size {args.train.batch_size} covers the whole "
+                f"rollout ({samples} samples) in one optimizer step with --train.max_epochs "
+                f"{args.train.max_epochs}, so every importance ratio is 1; use a smaller --train.batch_size "
+                f"(e.g. {samples // 2}) or more epochs")
+    return None

@@ -4,8 +4,9 @@ OpenRLHF builds its parser inside ``if __name__ == "__main__":`` of
 ``openrlhf/cli/train_ppo_ray.py``, so it cannot be imported. We run exactly that block from
 the installed package (every flag, default and validation unchanged), with two substitutions:
 the parser class also adds our flags, and ``train`` is ours: it validates our options, prints
-the config for ``--dry_run``, or installs our trainer (which reaches the Ray workers) and
-calls OpenRLHF's own ``train``. The block needs neither Ray nor vLLM, so ``--dry_run`` works
+the config for ``--dry_run``, or puts our actor classes where OpenRLHF's ``train`` looks them
+up (:mod:`openrlhf_sgrpo.openrlhf_ext.actors`) and calls it. The upstream names this relies on
+are listed and checked in :mod:`openrlhf_sgrpo.openrlhf_ext.upstream_contract`. The block needs neither Ray nor vLLM, so ``--dry_run`` works
 on a CPU machine.
 """
 
@@ -24,10 +25,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from openrlhf_sgrpo.cli.flags import add_sgrpo_flags, validate_sgrpo_args
+from openrlhf_sgrpo.cli.flags_extensions import sapo_inert_reason
+from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, main_block_violations
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 # Forwarded to every Ray worker, with the same defaults OpenRLHF's train() uses.
 _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
+# Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV, the web-search key).
+_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "SERPER_API_KEY", "HF_HOME")
 
 
 class CliError(Exception):
@@ -52,7 +57,11 @@ def _upstream_main_block() -> types.CodeType:
     for node in tree.body:
         if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
                 and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
-            return compile(ast.Module(body=node.body, type_ignores=[]), str(path), "exec")
+            code = compile(ast.Module(body=node.body, type_ignores=[]), str(path), "exec")
+            problems = main_block_violations(code)
+            if problems:
+                raise CliError("; ".join(problems) + " (pip install --no-deps openrlhf==0.11.2)")
+            return code
     raise CliError(f"no __main__ block in {path}: unsupported OpenRLHF version")
 
 
@@ -77,17 +86,39 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def launch(args: SimpleNamespace) -> None:
-    """Start Ray with our worker hook, install our trainer, run OpenRLHF's train()."""
+def ray_runtime_env() -> dict:
+    """What every Ray worker gets: OpenRLHF's env defaults plus the agent's settings.
+
+    No ``worker_process_setup_hook``: it would run before Ray assigns GPUs (see
+    :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). The agent's variables are forwarded so a CLI
+    started on a head node (not through ``ray job submit``) still configures every engine.
+    """
+    env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
+    env.update({k: os.environ[k] for k in _FORWARDED_ENV if os.environ.get(k)})
+    return {"env_vars": env}
+
+
+def start_ray(**ray_init_kwargs: Any) -> None:
+    """``ray.init`` with :func:`ray_runtime_env` (unless Ray already runs in this process), then
+    our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources."""
     import ray
 
-    from openrlhf_sgrpo.openrlhf_ext.patches import WORKER_SETUP_HOOK
-    from openrlhf_sgrpo.openrlhf_ext.trainer import use_sgrpo_trainer
+    from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
 
     if not ray.is_initialized():
-        env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
-        ray.init(runtime_env={"env_vars": env, "worker_process_setup_hook": WORKER_SETUP_HOOK})
-    use_sgrpo_trainer()
+        ray.init(runtime_env=ray_runtime_env(), **ray_init_kwargs)
+    install_actor_classes()
+
+
+def launch(args: SimpleNamespace) -> None:
+    """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train()."""
+    from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
+
+    problems = contract_violations()
+    if problems:
+        raise CliError("the installed OpenRLHF does not match what openrlhf-sgrpo wires into "
+                       "(pip install --no-deps openrlhf==0.11.2):\n  " + "\n  ".join(problems))
+    start_ray()
     from openrlhf.cli.train_ppo_ray import train
 
     train(args)
@@ -100,6 +131,7 @@ def parse_config(argv: list[str]) -> SimpleNamespace:
     sys.argv = [saved_argv[0] if saved_argv else "train_ppo_ray", *argv]
     namespace = {"__name__": "__main__", "argparse": _argparse_with_our_parser(), "os": os,
                  "datetime": datetime.datetime, "train": captured.append}
+    assert set(namespace) - {"__name__"} == MAIN_BLOCK_GLOBALS
     try:
         exec(_upstream_main_block(), namespace)  # noqa: S102 - OpenRLHF's own, installed source
     except AssertionError as exc:
@@ -119,10 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    inert = sapo_inert_reason(args)
+    if inert:
+        print(f"warning: {inert}", file=sys.stderr)
     if args.dry_run:
         print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
         return 0
-    launch(args)
+    try:
+        launch(args)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 
 from agent_env import info_keys as K
-from agent_env.actions import ANSWER, parse_action
+from agent_env.actions import answer_of
 from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.experience import Sample
 from openrlhf_sgrpo.local.rollout import AgentRollout
 
 
 def final_answer(sample: Sample, tokenizer) -> str | None:
-    """The ``<answer>`` of the last turn (None when the agent never answered)."""
+    """The ``<answer>`` of the last turn by the episode's own rule (None when the agent never answered)."""
     k, last = 0, None
     while K.turn_start_key(k) in sample.info:
         start, end = int(sample.info[K.turn_start_key(k)]), int(sample.info[K.turn_end_key(k)])
@@ -29,8 +29,7 @@ def final_answer(sample: Sample, tokenizer) -> str | None:
         k += 1
     if last is None:
         return None
-    action = parse_action(tokenizer.decode(sample.sequences[last[0]: last[1]].tolist(), skip_special_tokens=True))
-    return action.content if action.kind == ANSWER else None
+    return answer_of(tokenizer.decode(sample.sequences[last[0]: last[1]].tolist(), skip_special_tokens=True))
 
 
 def record_of(dataset: str, q: Question, sample: Sample, tokenizer) -> dict:

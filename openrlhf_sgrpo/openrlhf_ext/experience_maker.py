@@ -10,6 +10,14 @@ delegated to upstream untouched.
 Tool tokens (retrieved passages, sandbox output) are not the policy's actions, so OpenRLHF's
 length penalties must count action tokens only (OpenRLHF #1243): we evaluate them on
 ``action_mask.sum()`` instead of the first-to-last action span, for every estimator.
+
+``stratified_reinforce`` whitens token advantages over the batch exactly as upstream does for
+``reinforce_baseline`` (unless ``--algo.advantage.no_std_norm``), so at alpha=0 it *is* upstream's
+estimator, as ``stratified_grpo`` at alpha=0 is ``group_norm``.
+
+OpenRLHF's actor logs every ``Experience.info`` tensor (one all-reduce each per micro-batch).
+The agent's per-turn slots (token ranges, doc ids) are inputs of CalibAdv, not metrics, so
+they are dropped once the advantages are final; the counters and ``sgrpo/*`` monitors stay.
 """
 
 from __future__ import annotations
@@ -23,10 +31,13 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
+from agent_env import info_keys as K
+
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.metrics import stratification_metrics
 from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import apply_calibadv
 from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
+from openrlhf_sgrpo.openrlhf_ext.rollout_dump import RolloutDump
 from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
 
 # Per-sample info key holding the scalar (pre-KL) stratified advantage, for logs and tests.
@@ -65,6 +76,10 @@ def batch_order(experiences: list, ordered: torch.Tensor) -> tuple[torch.Tensor,
 class StratifiedExperienceMaker(RemoteExperienceMaker):
     """RemoteExperienceMaker + stratified_grpo / stratified_reinforce / stratified_rloo."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollout_dump = RolloutDump(self.args, self.tokenizer)  # --sgrpo.dump_rollouts
+
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list) -> list:
         opts = sgrpo_options(self.args)
@@ -76,6 +91,8 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
             else:
                 experiences = self._stratified_advantages_and_returns(experiences, opts)
         apply_calibadv(experiences, self.args)  # no-op unless --algo.calibadv.enable
+        self.rollout_dump(experiences, opts, ADVANTAGE_INFO_KEY if opts.is_stratified else None)
+        drop_turn_slots(experiences)
         return experiences
 
     def _stratified_advantages_and_returns(self, experiences: list, opts) -> list:
@@ -94,6 +111,8 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
             e.info["group_reward_std"] = std
             e.info[ADVANTAGE_INFO_KEY] = adv
             self._token_level_returns(e, adv)
+        if opts.estimator == "stratified_reinforce":
+            whiten_like_reinforce_baseline(experiences, scale=not args.algo.advantage.no_std_norm)
         attach_batch_metrics(experiences, batch_metrics)
         return experiences
 
@@ -108,6 +127,26 @@ class StratifiedExperienceMaker(RemoteExperienceMaker):
         experience.advantages = experience.returns.clone()
         experience.info["return"] = reward.sum(dim=-1)
         experience.kl = None
+
+
+def whiten_like_reinforce_baseline(experiences: list, scale: bool = True) -> None:
+    """Upstream's batch normalization for ``reinforce_baseline``: minus the masked mean over every
+    action token of the batch, divided by the masked std (clamped at 1e-8) unless ``no_std_norm``
+    (``RemoteExperienceMaker.compute_advantages_and_returns``, 0.11.2)."""
+    advantages = torch.cat([e.advantages.flatten() for e in experiences]).float()
+    masks = torch.cat([e.action_mask.flatten() for e in experiences])
+    num_actions = masks.sum()
+    mean = (advantages * masks).sum() / num_actions
+    rstd = (((advantages - mean).pow(2) * masks).sum() / num_actions).clamp(min=1e-8).rsqrt() if scale else 1
+    for e in experiences:
+        e.advantages = (e.advantages - mean) * rstd
+
+
+def drop_turn_slots(experiences: list) -> None:
+    """Remove the agent's per-turn slots from ``info``: consumed by now, and noise as metrics."""
+    for e in experiences:
+        for key in [k for k in e.info if K.is_turn_slot_key(k)]:
+            del e.info[key]
 
 
 def attach_batch_metrics(experiences: list, metrics: dict[str, float]) -> None:

@@ -2,7 +2,8 @@
 
 OpenRLHF 0.11.2 builds ``self.actor_loss_fn = PolicyLoss(...)`` in ``ActorPPOTrainer.__init__``
 (inside the Ray actor worker) and calls it once per micro-batch in ``training_step``. We wrap
-both methods, once per process (see :func:`install_sapo_patch`, run by ``install_patches``):
+both methods, once per process (:func:`install_sapo_patch`, run by our ``PolicyModelActor`` in
+its own process, see :mod:`openrlhf_sgrpo.openrlhf_ext.actors`):
 
 - ``__init__``: when ``args.algo.sapo.enable``, the built loss is wrapped by :class:`SAPOPolicyLoss`,
   which adds the SAPO term (``openrlhf_sgrpo.sapo``) aggregated with OpenRLHF's own
@@ -106,6 +107,7 @@ def install_sapo_patch() -> None:
 
 
 def sapo_patch_active() -> bool:
+    """True when this process builds ``ActorPPOTrainer`` with the SAPO wrapper (checked in Ray workers)."""
     from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
     return bool(getattr(ActorPPOTrainer, _PATCH_MARK, False))

@@ -6,12 +6,12 @@ from .base import Backend
 
 
 def make_backend(name: str, pool_size: int = 4, image: str = "sgrpo-sandbox:latest",
-                 docker_mode: str = "resident", local_launcher: str = "auto") -> Backend:
+                 docker_mode: str = "resident") -> Backend:
     """Build a backend by name ('local' or 'docker'); docker-py is only needed for 'docker'."""
     if name == "local":
         from .local import LocalBackend
 
-        return LocalBackend(pool_size=pool_size, launcher=local_launcher)
+        return LocalBackend(pool_size=pool_size)
     if name == "docker":
         from .docker_pool import DockerBackend
 

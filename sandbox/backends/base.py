@@ -29,6 +29,11 @@ class IsolationError(RuntimeError):
     """Raised at start-up when a guarantee is missing and weaker isolation was not allowed."""
 
 
+class EnvironmentMissing(RuntimeError):
+    """A piece of the host the backend needs is absent (no Docker engine answers, the image is
+    not built): the operator's to install, not a fault of this code. Tests skip on it alone."""
+
+
 @dataclass
 class Guarantees:
     """Which guarantees held in the start-up probe, with a reason for each one that did not."""

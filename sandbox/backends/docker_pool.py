@@ -1,14 +1,19 @@
 """Docker backend: a warm pool of locked-down containers, or one fresh container per run (cold).
 
-Warm: each container idles under a tiny pid-1 reaper; a run is one `docker exec` of
-`sh -c RUN` whose prefix wipes /work, /tmp and /dev/shm and proves the container clean, then
-`timeout -s KILL T python3 -c BOOT` unpacks code/files from stdin into the tmpfs /work and runs
-the program. Afterwards every other process is SIGKILLed (from the host's view of the container
-cgroup, else by a cleanup exec); a container that fails the proof, was OOM-killed or died is
-removed and replaced in the background, so the pool heals.
-Resident: the same pool, but pid 1 is `resident_runner.py`, which spawns that same `sh -c RUN`
-command itself for each job sent over the attached stdin, skipping runc's ~100 ms per exec.
-Cold (for the benchmark baseline): `docker run` semantics, one container per execution.
+Warm: each container idles under a tiny pid-1 reaper; a run is one `docker exec` of `sh -c RUN`
+whose prefix wipes /work, /tmp and /dev/shm, proves the container clean and writes CLEAN_MARK on
+stdout, then `python3 -c BOOT` unpacks code/files from stdin into the tmpfs /work and runs the
+program. The service enforces the deadline itself, then every other process is SIGKILLed (from
+the host's view of the container cgroup, else by a cleanup exec); a container that fails the
+proof, was OOM-killed or died is removed and replaced in the background, so the pool heals.
+Resident (default): the same pool, but pid 1 is `resident_runner.py`, which spawns that same
+`sh -c RUN` command itself for each job sent over the attached stdin (skipping runc's ~100 ms per
+exec) and enforces the deadline from inside.
+Cold (the benchmark baseline): one fresh resident-runner container per run, removed after it.
+
+A run is classified only from what the service and its runners saw: the deadline they enforced,
+the container cgroup's oom_kill counter, and CLEAN_MARK, which the prefix writes before any
+untrusted code runs (no mark: the program never started, so the job may go to another container).
 """
 
 from __future__ import annotations
@@ -22,18 +27,19 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import docker
-from docker.errors import APIError, DockerException, NotFound
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Ulimit
 
-from ..api import DEFAULT_MEMORY_MB, RUN_ERROR, RUN_FINISHED, RUN_MEMORY, RUN_TIMEOUT, ExecResult, RunRequest
+from .. import fetch
+from ..api import DEFAULT_MEMORY_MB, MAX_FETCH_BYTES, ExecResult, Outcome, RunRequest
 from ..cgroups import Slot, slot_of_process
 from ..output import CappedBuffer
 from ..probe import run_probe
-from .base import Backend, Guarantees
+from .base import Backend, EnvironmentMissing, Guarantees
 from .docker_stream import ChannelError, ResidentChannel, exchange
 
 log = logging.getLogger(__name__)
@@ -44,7 +50,9 @@ ENV_FILE = os.path.join(os.environ.get("SGRPO_DOCKER_DIR", "/tmp/sgrpo-docker"),
 USER = "65534:65534"
 PIDS_LIMIT = 64
 NANO_CPUS = 1_000_000_000
-TMPFS = {"/work": "rw,exec,size=64m,mode=1777", "/tmp": "rw,size=64m,mode=1777"}
+SCRATCH = "size=64m,mode=1777"
+TMPFS = {"/work": f"rw,exec,{SCRATCH}", "/tmp": f"rw,{SCRATCH}"}
+SHM_BYTES = 64 << 20  # /dev/shm, capped like /work
 ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0, hard=0),
            Ulimit(name="fsize", soft=64 << 20, hard=64 << 20)]
 GRACE_S = 5.0
@@ -61,7 +69,7 @@ REAPER = ("import os, signal, threading\nsignal.pthread_sigmask(signal.SIG_BLOCK
 BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b) < n:\n"
         "        c = os.read(0, n - len(b))\n        if not c: break\n        b += c\n    return b\n"
         "m = json.loads(rd(int(rd(10))))\nfor p, d in m['files'].items():\n"
-        "    os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
+        "    os.makedirs(os.path.dirname(p), exist_ok=True)\n"
         "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
         "sys.argv = ['main.py']\ng = {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__}\n"
         "exec(compile(m['code'], 'main.py', 'exec'), g)\n")
@@ -73,15 +81,14 @@ CLEANUP = ("i=0; while :; do kill -9 -1 2>/dev/null; set -- /proc/[0-9]*; [ $# -
            "oom=$(cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
            "| sed -n 's/^oom_kill //p' | head -n 1); echo \"procs=$n left=$left oom=${oom:--1}\"")
 SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in ("/work", "/tmp", "/dev/shm"))
-DIRTY_RC = 222
-DIRTY_MARK = "sgrpo-sandbox: container not clean"
-# Prefix of every warm run, before any untrusted code: wipe scratch dirs, then refuse to run
-# (exit DIRTY_RC) unless only pid 1 and this shell exist and the dirs are empty.
-RUN = ('t="$0"; b="$1"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx /work /tmp /dev/shm; '
+CLEAN_MARK = "sgrpo-sandbox: clean\n"
+# Prefix of every pooled run, before any untrusted code: wipe scratch dirs, then refuse to run
+# unless only pid 1 and this shell exist and the dirs are empty; if so, write CLEAN_MARK first.
+RUN = ('b="$0"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx /work /tmp /dev/shm; '
        'rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null; }; set -- /proc/[0-9]*; '
-       f'[ $# -le 2 ] || {{ echo "{DIRTY_MARK}: $# processes" >&2; exit {DIRTY_RC}; }}; '
-       'for f in ' + SCRATCH_GLOBS + f'; do [ -e "$f" ] && {{ echo "{DIRTY_MARK}: $f" >&2; exit {DIRTY_RC}; }}; done; '
-       'exec timeout -s KILL "$t" python3 -E -s -c "$b"')
+       '[ $# -le 2 ] || { echo "not clean: $# processes" >&2; exit 1; }; '
+       'for f in ' + SCRATCH_GLOBS + '; do [ -e "$f" ] && { echo "not clean: $f" >&2; exit 1; }; done; '
+       f"printf '%s' '{CLEAN_MARK}'; exec python3 -E -s -c \"$b\"")
 with open(os.path.join(os.path.dirname(__file__), "resident_runner.py")) as _fh:
     RUNNER = _fh.read()  # shipped as `python3 -c` source: the image needs no rebuild for it
 
@@ -105,6 +112,22 @@ def docker_client() -> docker.DockerClient:
     return docker.DockerClient(base_url=host, timeout=120) if host else docker.from_env(timeout=120)
 
 
+def connect(image: str) -> docker.DockerClient:
+    """A client whose engine answers and holds `image`, or EnvironmentMissing saying which is lacking."""
+    try:
+        client = docker_client()
+        client.ping()
+    except (DockerException, requests.RequestException, OSError) as err:
+        raise EnvironmentMissing(f"no Docker engine answers (DOCKER_HOST={docker_host()!r}): {err}") from err
+    try:
+        client.images.get(image)
+    except ImageNotFound as err:
+        client.close()
+        raise EnvironmentMissing(f"Docker image {image!r} is not built: run sandbox/image/build.sh "
+                                 "(or scripts/docker_ci.sh build-image)") from err
+    return client
+
+
 def _payload(request: RunRequest) -> bytes:
     header = json.dumps({"code": request.code,
                          "files": {p: base64.b64encode(d).decode() for p, d in request.files.items()}}).encode()
@@ -119,15 +142,23 @@ def _kept_output(reply: dict, key: str, cap: int) -> str:
     return buf.text()
 
 
+def _strip_clean_mark(stdout: str) -> tuple[bool, str]:
+    """(did the prefix prove the container clean and start the program?, the program's stdout)."""
+    if stdout.startswith(CLEAN_MARK):
+        return True, stdout[len(CLEAN_MARK):]
+    return False, stdout
+
+
 @dataclass
 class _Outcome:
     """What one run produced, whichever way it was started."""
 
     rc: int | None
     elapsed: float
-    hung: bool
+    timed_out: bool
     stdout: str
     stderr: str
+    fetched: str | bytes | None = None  # the fetch collector's answer
 
 
 @dataclass
@@ -141,6 +172,8 @@ class _Box:
     cgroup: Slot | None = None  # the container's cgroups as seen from this host, when visible
     lifeline: socket.socket | None = None  # pid 1's attached stdin: closing it ends the container
     channel: ResidentChannel | None = None  # resident mode: the runner's stdin/stdout, on the lifeline
+    oom_before: int = 0  # the host-visible oom_kill counter when the current run started
+    in_box_report: tuple[bool, int] | None = None  # the resident runner's (clean?, oom_kill) after a run
 
 
 class DockerBackend(Backend):
@@ -151,9 +184,7 @@ class DockerBackend(Backend):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.image, self.pool_size, self.mode, self.memory_mb = image, pool_size, mode, memory_mb
-        self.client = docker_client()
-        self.client.ping()
-        self.client.images.get(image)  # fail fast: ImageNotFound names the image to build
+        self.client = connect(image)
         self.service_id = uuid.uuid4().hex[:12]
         self._free: queue.Queue[_Box] = queue.Queue()
         self._lock = threading.Lock()
@@ -163,36 +194,35 @@ class DockerBackend(Backend):
         self.closed = False
         if mode != "cold":
             for _ in range(pool_size):
-                self._free.put(self._new_box())
+                self._free.put(self._new_box(resident=mode == "resident"))
 
     # ---- container lifecycle ----------------------------------------------------------------
     def _host_config(self, memory_mb: int) -> dict:
         return dict(network_mode="none", mem_limit=f"{memory_mb}m", memswap_limit=f"{memory_mb}m",
                     pids_limit=PIDS_LIMIT, nano_cpus=NANO_CPUS, read_only=True, tmpfs=dict(TMPFS),
-                    cap_drop=["ALL"], security_opt=["no-new-privileges"], ulimits=ULIMITS)
-
-    def _container_config(self) -> dict:
-        return dict(user=USER, working_dir="/work", labels={LABEL: self.service_id},
-                    environment={"HOME": "/work", "LANG": "C.UTF-8"})
+                    shm_size=SHM_BYTES, cap_drop=["ALL"], security_opt=["no-new-privileges"], ulimits=ULIMITS)
 
     def _container_kwargs(self, memory_mb: int, command: list[str]) -> dict:
-        return dict(image=self.image, command=command, **self._container_config(), **self._host_config(memory_mb))
+        return dict(image=self.image, command=command, user=USER, working_dir="/work",
+                    labels={LABEL: self.service_id}, environment={"HOME": "/work", "LANG": "C.UTF-8"},
+                    **self._host_config(memory_mb))
 
-    def _new_box(self) -> _Box:
+    def _new_box(self, resident: bool, memory_mb: int | None = None) -> _Box:
         # pid 1 (runner or reaper) exits when the stdin this service holds closes, i.e. when the
         # service goes away, even by SIGKILL; auto_remove then leaves no stopped container behind
-        pid1 = [RUNNER, RUN, BOOT] if self.mode == "resident" else [REAPER]
+        memory_mb = memory_mb or self.memory_mb
+        pid1 = [RUNNER, RUN, BOOT, fetch.SOURCE] if resident else [REAPER]
         c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
-            self.memory_mb, ["python3", "-E", "-s", "-c", *pid1]))
+            memory_mb, ["python3", "-E", "-s", "-c", *pid1]))
         with self._lock:
             self._boxes.add(c.id)
-        box = _Box(c, self.memory_mb)
+        box = _Box(c, memory_mb)
         try:
             # attach before start, so no byte of the runner is missed
-            streams = {"stdout": 1, "stderr": 1} if self.mode == "resident" else {}
+            streams = {"stdout": 1, "stderr": 1} if resident else {}
             sock = c.attach_socket(params={"stdin": 1, "stream": 1, **streams})
             box.lifeline = getattr(sock, "_sock", sock)
-            if self.mode == "resident":
+            if resident:
                 box.channel = ResidentChannel(box.lifeline, c.short_id)
             c.start()
             if box.channel is not None:
@@ -225,9 +255,13 @@ class DockerBackend(Backend):
             return
         self.replaced += 1
         try:
-            self._free.put(self._new_box())
+            self._free.put(self._new_box(resident=self.mode == "resident"))
         except (DockerException, ChannelError):
             log.exception("could not replace a sandbox container; pool shrinks by one")
+
+    def _replace_later(self, box: _Box, why: object) -> None:
+        log.warning("%s; replacing container %s", why, box.container.short_id)
+        threading.Thread(target=self._replace, args=(box,), daemon=True).start()
 
     # ---- execution --------------------------------------------------------------------------
     def run(self, request: RunRequest, max_output_bytes: int) -> ExecResult:
@@ -240,127 +274,136 @@ class DockerBackend(Backend):
                     box.container.update(mem_limit=f"{request.memory_limit_mb}m",
                                          memswap_limit=f"{request.memory_limit_mb}m")
                     box.memory_mb = request.memory_limit_mb
-                if self.mode == "resident":
-                    result = self._run_resident(box, request, max_output_bytes)
-                else:
-                    exec_id = self.client.api.exec_create(
-                        box.container.id, ["sh", "-c", RUN, f"{request.run_timeout}s", BOOT],
-                        stdin=True, user=USER, workdir="/work")["Id"]
-                    result = self._exec(box, exec_id, request, max_output_bytes)
+                run = (self._run_resident if self.mode == "resident" else self._run_exec)(box, request, max_output_bytes)
             except (NotFound, APIError, ChannelError) as err:  # died before the code ran: heal, retry once
-                log.warning("sandbox container unusable (%s); replacing", err)
-                threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+                self._replace_later(box, f"sandbox container unusable ({err})")
                 if attempt:
                     raise
                 continue
-            if result is not None:
-                return result
-        return ExecResult(RUN_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
+            if isinstance(run, ExecResult):  # lost mid-run: already classified
+                return run
+            clean, stdout = _strip_clean_mark(run.stdout)
+            if not clean and not run.timed_out:  # the prefix refused to start the program: retry elsewhere
+                self._replace_later(box, f"container not clean: {run.stderr.strip()[-300:]}")
+                continue
+            run.stdout = stdout
+            return self._settle(box, request, run)
+        return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
 
-    def _exec(self, box: _Box, exec_id: str, request: RunRequest, cap: int) -> ExecResult | None:
-        """One run by `docker exec`; None if the container refused it as not clean (it is then replaced)."""
-        oom_before = box.cgroup.oom_kills() if box.cgroup else 0
+    def _run_exec(self, box: _Box, request: RunRequest, cap: int) -> _Outcome:
+        """One run by `docker exec`, the deadline enforced here."""
+        self._note_oom_baseline(box)
+        exec_id = self.client.api.exec_create(box.container.id, ["sh", "-c", RUN, BOOT], stdin=True, user=USER,
+                                              workdir="/work")["Id"]
         start = time.monotonic()
         sock = self.client.api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         try:
-            stdout, stderr, hung = exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
+            stdout, stderr, timed_out = exchange(raw, _payload(request), start + request.run_timeout,
+                                                 cap + len(CLEAN_MARK))
         finally:
             raw.close()
         elapsed = time.monotonic() - start
-        rc = self.client.api.exec_inspect(exec_id).get("ExitCode")
-        if self._refused_as_dirty(box, rc, stderr):
-            return None
-        return self._settle(box, request, _Outcome(rc, elapsed, hung, stdout, stderr), oom_before,
-                            lambda: self._cleanup(box))
+        run = _Outcome(None if timed_out else self._exit_code(exec_id), elapsed, timed_out, stdout, stderr)
+        if request.fetch_files and not timed_out and stdout.startswith(CLEAN_MARK):
+            out = box.container.exec_run(fetch.collect_command("python3", request.fetch_files), user=USER,
+                                         workdir="/work", demux=True)
+            run.fetched = out.output[0] or b""
+        return run
 
-    def _run_resident(self, box: _Box, request: RunRequest, cap: int) -> ExecResult | None:
-        """One run by the container's resident runner; None if it refused it as not clean.
+    @staticmethod
+    def _note_oom_baseline(box: _Box) -> None:
+        """Read the container's oom_kill counter before a run (ChannelError: the container is gone)."""
+        try:
+            box.oom_before = box.cgroup.oom_kills() if box.cgroup else 0
+        except OSError as err:  # the container's cgroup is gone: so is the container
+            raise ChannelError(f"container {box.container.short_id} is gone ({err})") from err
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        """The exec's exit status (the engine may record it a moment after the stream closes)."""
+        for _ in range(100):
+            info = self.client.api.exec_inspect(exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            time.sleep(0.01)
+        return None
+
+    def _run_resident(self, box: _Box, request: RunRequest, cap: int) -> _Outcome | ExecResult:
+        """One run by the container's resident runner (an ExecResult if the runner was lost mid-run).
 
         Raises ChannelError (started=False) when the runner was gone before it took the job.
         """
         assert box.channel is not None
-        try:
-            oom_before = box.cgroup.oom_kills() if box.cgroup else 0
-        except OSError as err:  # the container's cgroup is gone: so is the container
-            raise ChannelError(f"container {box.container.short_id} is gone ({err})") from err
+        self._note_oom_baseline(box)
         start = time.monotonic()
-        job = {"timeout": request.run_timeout, "grace": GRACE_S, "cap": cap}
+        job = {"timeout": request.run_timeout, "cap": cap + len(CLEAN_MARK), "fetch": list(request.fetch_files),
+               "fetch_cap": MAX_FETCH_BYTES}
         try:
             reply = box.channel.call(job, _payload(request), start + request.run_timeout + 3 * GRACE_S)
         except ChannelError as err:
             if not err.started:
                 raise
-            return self._lost_mid_run(box, err, time.monotonic() - start, oom_before)
-        out, err_out = _kept_output(reply, "out", cap), _kept_output(reply, "err", cap)
-        if self._refused_as_dirty(box, reply["rc"], err_out):
-            return None
-        return self._settle(box, request, _Outcome(reply["rc"], reply["elapsed"], reply["hung"], out, err_out),
-                            oom_before, lambda: (reply["procs_left"] == 0, int(reply["oom_kills"])))
+            return self._lost_mid_run(box, err, time.monotonic() - start)
+        box.in_box_report = (reply["procs_left"] == 0, int(reply["oom_kills"]))
+        out, err_out = _kept_output(reply, "out", cap + len(CLEAN_MARK)), _kept_output(reply, "err", cap)
+        return _Outcome(reply["rc"], reply["elapsed"], reply["timed_out"], out, err_out, reply.get("fetched"))
 
-    def _lost_mid_run(self, box: _Box, err: ChannelError, elapsed: float, oom_before: int) -> ExecResult:
+    def _lost_mid_run(self, box: _Box, err: ChannelError, elapsed: float) -> ExecResult:
         """The runner died during a run (the OOM killer may pick pid 1 too): report it, heal the pool."""
         oom = False
         try:
             if box.cgroup is not None:
-                oom = box.cgroup.oom_kills() > oom_before
+                oom = box.cgroup.oom_kills() > box.oom_before
             box.container.reload()
             oom = oom or bool(box.container.attrs["State"].get("OOMKilled"))
         except (DockerException, OSError, RuntimeError):
             pass
-        log.warning("%s; replacing", err)
-        threading.Thread(target=self._replace, args=(box,), daemon=True).start()
+        self._replace_later(box, err)
         if oom:
-            return ExecResult(RUN_MEMORY, 137, "", "", elapsed)
-        return ExecResult(RUN_ERROR, None, "", "", elapsed, sandbox_error=f"sandbox container lost during the run: {err}")
+            return ExecResult(Outcome.MEMORY, None, "", "", elapsed)
+        return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", elapsed,
+                          sandbox_error=f"sandbox container lost during the run: {err}")
 
-    def _refused_as_dirty(self, box: _Box, rc: int | None, stderr: str) -> bool:
-        if rc == DIRTY_RC and stderr.startswith(DIRTY_MARK):
-            log.warning("%s; replacing", stderr.strip())
-            threading.Thread(target=self._replace, args=(box,), daemon=True).start()
-            return True
-        return False
-
-    def _settle(self, box: _Box, request: RunRequest, run: _Outcome, oom_before: int,
-                in_box_report: Callable[[], tuple[bool, int]]) -> ExecResult:
+    def _settle(self, box: _Box, request: RunRequest, run: _Outcome, reuse: bool = True) -> ExecResult:
         """After a run: leftovers killed, OOM decided, the container recycled or replaced.
 
-        With a host view of the container's cgroup we kill and count OOMs from here; otherwise
-        `in_box_report` gives (provably clean?, the cgroup's oom_kill counter or -1) from inside.
+        With a host view of the container's cgroup we kill and count OOMs from here; otherwise the
+        resident runner's report, or a cleanup exec, says (provably clean?, oom_kill counter or -1).
         """
         if box.cgroup is not None:
             try:
                 box.cgroup.kill_all(keep=frozenset({box.init_pid}))
-                healthy, oom_kills = True, box.cgroup.oom_kills() - oom_before
+                healthy, oom = True, box.cgroup.oom_kills() > box.oom_before
             except (OSError, RuntimeError):
-                healthy, oom_kills = False, -1
-            oom = oom_kills > 0
+                healthy, oom = False, False
         else:
-            healthy, oom_kills = in_box_report()
+            healthy, oom_kills = box.in_box_report or self._cleanup(box)
             oom = oom_kills > box.oom_kills
             box.oom_kills = max(oom_kills, box.oom_kills)
-        if oom_kills < 0 and run.rc == 137 and run.elapsed < request.run_timeout:
-            # cgroup counter unreadable in the container: fall back to the engine's sticky flag
-            box.container.reload()
-            oom = bool(box.container.attrs["State"].get("OOMKilled"))
-            healthy = healthy and not oom  # the flag only resets with a new container
-        if healthy:
+            if oom_kills < 0 and run.rc == 137 and not run.timed_out:
+                # cgroup counter unreadable in the container: fall back to the engine's sticky flag
+                box.container.reload()
+                oom = bool(box.container.attrs["State"].get("OOMKilled"))
+                healthy = healthy and not oom  # the flag only resets with a new container
+        box.in_box_report = None
+        if not reuse:
+            self._discard(box)
+        elif healthy:
             self.recycled += 1
             self._free.put(box)
         else:
-            threading.Thread(target=self._replace, args=(box,), daemon=True).start()
-        status = self._status(run.rc, run.elapsed, request.run_timeout, run.hung, oom)
-        return ExecResult(status, run.rc, run.stdout, run.stderr, run.elapsed)
-
-    @staticmethod
-    def _status(rc: int | None, elapsed: float, run_timeout: float, hung: bool, oom: bool) -> str:
-        if hung or (rc in (124, 137) and elapsed >= run_timeout * 0.98):
-            return RUN_TIMEOUT
+            self._replace_later(box, "cleanup could not prove the container clean")
+        if run.timed_out:
+            return ExecResult(Outcome.TIMEOUT, None, run.stdout, run.stderr, run.elapsed)
         if oom:
-            return RUN_MEMORY
-        if rc is None or rc > 128:
-            return RUN_ERROR
-        return RUN_FINISHED
+            return ExecResult(Outcome.MEMORY, run.rc, run.stdout, run.stderr, run.elapsed)
+        if run.rc is None:
+            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", run.elapsed,
+                              sandbox_error="the engine reported no exit status for the run")
+        result = ExecResult(Outcome.FINISHED, run.rc, run.stdout, run.stderr, run.elapsed)
+        if request.fetch_files:
+            result.files, result.notes = fetch.read_answer(run.fetched or b"", request.fetch_files)
+        return result
 
     def _cleanup(self, box: _Box) -> tuple[bool, int]:
         """Kill leftovers, wipe scratch dirs; (provably clean?, cgroup oom_kill count or -1)."""
@@ -373,27 +416,21 @@ class DockerBackend(Backend):
             return False, -1
 
     def _run_cold(self, request: RunRequest, cap: int) -> ExecResult:
-        command = ["timeout", "-s", "KILL", f"{request.run_timeout}s", "python3", "-E", "-s", "-c", BOOT]
-        # docker-py sets StdinOnce with stdin_open, so our half-close reaches the program as EOF
-        c = self.client.containers.create(stdin_open=True, **self._container_kwargs(request.memory_limit_mb, command))
+        """A fresh resident-runner container for this one run, removed after it."""
+        box = self._new_box(resident=True, memory_mb=request.memory_limit_mb)
         try:
-            sock = c.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            raw = getattr(sock, "_sock", sock)
-            start = time.monotonic()
-            c.start()
-            try:
-                stdout, stderr, hung = exchange(raw, _payload(request), start + request.run_timeout + GRACE_S, cap)
-            finally:
-                raw.close()
-            if hung:
-                c.kill()
-            rc = c.wait(timeout=30)["StatusCode"]
-            elapsed = time.monotonic() - start
-            c.reload()
-            oom = bool(c.attrs["State"].get("OOMKilled"))
-            return ExecResult(self._status(rc, elapsed, request.run_timeout, hung, oom), rc, stdout, stderr, elapsed)
-        finally:
-            c.remove(force=True)
+            run = self._run_resident(box, request, cap)
+        except ChannelError as err:
+            self._discard(box)
+            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error=f"cold container failed: {err}")
+        if isinstance(run, ExecResult):
+            return run
+        clean, run.stdout = _strip_clean_mark(run.stdout)
+        if not clean and not run.timed_out:
+            self._discard(box)
+            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", run.elapsed,
+                              sandbox_error=f"a fresh container was not clean: {run.stderr.strip()[-300:]}")
+        return self._settle(box, request, run, reuse=False)
 
     # ---- probe, stats, close ----------------------------------------------------------------
     def probe(self) -> Guarantees:
@@ -407,7 +444,7 @@ class DockerBackend(Backend):
             g.set("memory_limit", False, "engine reports no memory/swap limit support")
         killed = self.run(RunRequest(code="import os, time\nif os.fork() == 0:\n    os.setsid()\n"
                                           "    time.sleep(60)\nelse:\n    time.sleep(60)\n", run_timeout=1), 1024)
-        g.set("kill_all_on_timeout", killed.status == RUN_TIMEOUT, f"timeout probe ended {killed.status}")
+        g.set("kill_all_on_timeout", killed.outcome is Outcome.TIMEOUT, f"timeout probe ended {killed.outcome}")
         return g
 
     def stats(self) -> dict[str, float]:

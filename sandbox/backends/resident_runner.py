@@ -3,7 +3,9 @@
 Why: a `docker exec` costs ~100 ms of runc work on its own, so a per-run exec can never be much
 faster than a cold container. This runner stays in the container and starts each run itself with
 `posix_spawn`, so a run costs one Python start-up. The run is still the exec mode's command,
-`sh -c RUN T BOOT` (scratch wipe + cleanliness proof, then `timeout -s KILL T python3 BOOT`).
+`sh -c RUN BOOT` (scratch wipe + cleanliness proof and its mark on stdout, then `python3 BOOT`).
+The runner enforces the run's deadline itself (it kills every other process at `timeout`), so a
+time-out is the runner's own fact, never read from the program's exit status.
 
 It runs INSIDE the container, as the same unprivileged uid as the code, from `python3 -c` source
 (stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1, so signals
@@ -12,9 +14,11 @@ non-dumpable, so ptrace and /proc/1/{fd,mem} are refused. After each run it SIGK
 process (kill(-1) from pid 1 spares only itself) and reaps them, so nothing outlives a run.
 
 Protocol on its stdin/stdout, the container's attached streams (frames are >I length + bytes):
-  in:  JSON {"timeout": s, "grace": s, "cap": bytes per stream}, then the run's stdin payload
-  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc", "elapsed", "hung", "out", "err" (base64 of the kept bytes), "out_dropped",
-             "err_dropped", "procs_left", "oom_kills"}
+  in:  JSON {"timeout": s, "cap": bytes per stream, "fetch": [names], "fetch_cap": bytes}, then the
+       run's stdin payload
+  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc",
+       "elapsed", "timed_out", "out", "err" (base64 of the kept bytes), "out_dropped", "err_dropped",
+       "procs_left", "oom_kills", "fetched" (the fetch collector's JSON answer, or null)}
 """
 
 import base64
@@ -27,7 +31,7 @@ import struct
 import sys
 import time
 
-RUN, BOOT = sys.argv[1], sys.argv[2]  # the exec mode's shell prefix and boot script, from the host
+RUN, BOOT, FETCH = sys.argv[1:4]  # the exec mode's shell prefix, boot script and fetch collector (host)
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
 
@@ -87,16 +91,40 @@ def reap():
             return
 
 
+def spawn(argv, stdin, stdout, stderr):
+    return os.posix_spawn(argv[0], argv, os.environ,
+                          file_actions=[(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, stdout, 1),
+                                        (os.POSIX_SPAWN_DUP2, stderr, 2)],
+                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # Python ignores these; the run must not
+
+
+def fetch_files(names, cap):
+    """The fetch collector's answer, run as a fresh process after the program (None if it failed)."""
+    out_r, out_w = os.pipe()
+    null = os.open("/dev/null", os.O_RDWR)
+    spawn(["/usr/bin/python3", "-I", "-S", "-c", FETCH, "fetch", str(cap), *names], null, out_w, null)
+    os.close(out_w)
+    os.close(null)
+    answer, deadline = b"", time.monotonic() + 30
+    poller = select.poll()
+    poller.register(out_r, select.POLLIN)
+    while len(answer) <= 2 * cap and poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+        chunk = os.read(out_r, 1 << 20)
+        if not chunk:
+            break
+        answer += chunk
+    os.close(out_r)
+    kill_all_others()
+    return answer.decode(errors="replace") or None
+
+
 def run_job(job, payload):
     cap = int(job["cap"])
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     start = time.monotonic()
-    pid = os.posix_spawn("/bin/sh", ["sh", "-c", RUN, f"{job['timeout']:g}s", BOOT], os.environ,
-                         file_actions=[(os.POSIX_SPAWN_DUP2, in_r, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                                       (os.POSIX_SPAWN_DUP2, err_w, 2)],
-                         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # Python ignores these; the run must not
+    pid = spawn(["/bin/sh", "-c", RUN, BOOT], in_r, out_w, err_w)
     for fd in (in_r, out_w, err_w):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -107,14 +135,14 @@ def run_job(job, payload):
         poller.register(fd, select.POLLIN)
     os.set_blocking(in_w, False)
     poller.register(in_w, select.POLLOUT)
-    pending, open_fds, rc, hung = payload, {out_r, err_r, in_w}, None, False
-    deadline = start + float(job["timeout"]) + float(job["grace"])
+    pending, open_fds, rc, timed_out = payload, {out_r, err_r, in_w}, None, False
+    deadline = start + float(job["timeout"])
     while rc is None or open_fds - {in_w}:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 and rc is None and not hung:
-            hung = True  # `timeout` itself did not end it: kill the lot, then collect the status
+        if remaining <= 0 and rc is None and not timed_out:
+            timed_out = True  # the run's time is up: kill the lot, then collect the status
             kill_all_others()
-        events = poller.poll(max(remaining, 0) * 1000 if rc is None and not hung else 1000)
+        events = poller.poll(max(remaining, 0) * 1000 if rc is None and not timed_out else 1000)
         if not events and rc is not None:
             break  # the program is gone and its heirs were killed: nothing more can arrive
         for fd, ev in events:
@@ -123,7 +151,7 @@ def run_job(job, payload):
                 try:
                     rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                     rc = 128 - rc if rc < 0 else rc
-                except ChildProcessError:  # already reaped by the kill after a hang
+                except ChildProcessError:  # already reaped by the kill at the deadline
                     rc = 137
                 kill_all_others()  # daemonized heirs die with the run and close the pipes
             elif fd == in_w:
@@ -151,9 +179,11 @@ def run_job(job, payload):
     for fd in open_fds:
         os.close(fd)
     os.close(pidfd)
-    return {"rc": rc, "elapsed": elapsed, "hung": hung, "out": base64.b64encode(kept[out_r]).decode(),
+    fetched = fetch_files(job["fetch"], int(job["fetch_cap"])) if job.get("fetch") and not timed_out else None
+    return {"rc": rc, "elapsed": elapsed, "timed_out": timed_out, "out": base64.b64encode(kept[out_r]).decode(),
             "err": base64.b64encode(kept[err_r]).decode(), "out_dropped": dropped[out_r],
-            "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills()}
+            "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills(),
+            "fetched": fetched}
 
 
 def main():

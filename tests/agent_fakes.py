@@ -1,9 +1,16 @@
-"""Test utilities: a minimal real HTTP tool server and a scripted generation engine.
+"""Test-only fakes (kept out of the installed package): a small HTTP tool server and a scripted engine.
 
-`MiniToolServer` speaks the Search-R1 `/retrieve` schema (also at `/search`, as retriever_server's
-web-search proxy does) and SandboxFusion's `/run_code` on 127.0.0.1 (random port) over a small
-in-memory corpus, and can be told to fail or be slow per path, so tool-client and episode tests hit a real socket. `/run_code`
-really runs the code in a subprocess with a timeout, without isolation: tests only.
+What they fake, exactly:
+- `MiniToolServer` is a real HTTP server on 127.0.0.1 (random port) speaking the Search-R1
+  `/retrieve` schema (also at `/search`, as retriever_server's web-search proxy does) and
+  SandboxFusion's `/run_code`, but its search ranks an in-memory corpus by word overlap (no
+  embedding model, no index), and `/run_code` runs the code in a plain `python -c` subprocess with
+  a timeout and *no isolation* (no bubblewrap, cgroup or Docker). It can be told to fail or be slow
+  per path, so tool-client and episode tests hit a real socket. The real retriever and sandbox have
+  their own tests (tests/test_agent_services.py runs the agent against them; the `web` backend
+  against the real `/search` proxy and a fake Serper is in tests/test_retriever_websearch.py).
+- `ScriptedEngine` stands in for vLLM's `generate`: it replays fixed action texts through the real
+  tokenizer, so episode logic is tested deterministically.
 """
 
 from __future__ import annotations

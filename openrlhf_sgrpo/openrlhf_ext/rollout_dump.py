@@ -1,0 +1,40 @@
+"""``--sgrpo.dump_rollouts N``: the first N prompt groups of every step as rollout records.
+
+Written by the experience maker, which runs in one process (OpenRLHF's single controller), after
+the advantages and CalibAdv are final and before the agent's per-turn slots leave
+``Experience.info``; ``python -m openrlhf_sgrpo.inspect RUN_DIR`` renders them. Steps are numbered
+after the last step file already in ``RUN_DIR``, so a resumed run appends instead of overwriting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import calibadv_config_from_args
+from openrlhf_sgrpo.openrlhf_ext.config import SGRPOOptions
+from openrlhf_sgrpo.rollout_records.sources import records_from_experiences
+from openrlhf_sgrpo.rollout_records.store import RolloutWriter, list_step_files
+
+PHASE = "train"
+
+
+class RolloutDump:
+    """Writes ``RUN_DIR/rollouts/train/step_<k>.jsonl`` per call; a no-op when the flag is 0."""
+
+    def __init__(self, args: Any, tokenizer: Any) -> None:
+        options = getattr(args, "sgrpo", None)
+        self.max_groups = int(getattr(options, "dump_rollouts", 0) or 0)
+        self.args, self.tokenizer = args, tokenizer
+        self.run_dir = getattr(options, "run_dir", None) or args.ckpt.output_dir
+        self.step = 0
+        if self.max_groups:
+            self.step = max((f.step for f in list_step_files(self.run_dir) if f.phase == PHASE), default=0)
+
+    def __call__(self, experiences: list, opts: SGRPOOptions, advantage_key: str | None) -> None:
+        if not self.max_groups or not experiences:
+            return
+        self.step += 1
+        groups = records_from_experiences(
+            experiences, self.tokenizer, self.args.rollout.n_samples_per_prompt, step=self.step, adv_cfg=opts,
+            calibadv=calibadv_config_from_args(self.args), max_groups=self.max_groups, advantage_key=advantage_key)
+        RolloutWriter(self.run_dir).write_step(PHASE, self.step, groups)

@@ -1,0 +1,299 @@
+"""``python -m openrlhf_sgrpo.inspect``: the CLI, the page's numbers, and the page as a person sees it.
+
+The run folder is written by the real record path from real agent episodes (scripted policy
+text at the engine boundary only, see ``tests/scripted_rollouts.py``). The browser
+tests render the report in headless Chromium over the DevTools protocol and check the DOM
+against the jsonl, the filters and the step selector by driving them, and that the page logs
+no script error and makes no network request. They skip, with the reason, when no Chromium is
+installed (Debian: ``apt-get install chromium-headless-shell``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_env.actions import strip_think
+from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium
+from openrlhf_sgrpo.inspect.curves import CURVES, curves_html, series
+from openrlhf_sgrpo.inspect.load import StepRecords, load_run, thin_steps
+from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
+import scripted_rollouts as scripted
+from openrlhf_sgrpo.rollout_records.store import list_step_files, read_step_file, step_path
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=f"no Chromium on PATH (install Debian's {APT_PACKAGE}: "
+                                                             f"apt-get install -y {APT_PACKAGE})")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("inspect-run")
+    scripted.scripted_run(path, assets.load_qwen2_tokenizer())
+    return path
+
+
+def inspect_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "openrlhf_sgrpo.inspect", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def records(run_dir: Path) -> dict[str, list[dict]]:
+    return {f"{f.phase}/{f.step}": read_step_file(f.path).groups for f in list_step_files(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def report(run_dir):
+    out = run_dir / "report.html"
+    proc = inspect_cli(str(run_dir), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stdout
+    return out
+
+
+# ---------------------------------------------------------------- CLI and file
+
+def test_report_is_self_contained_and_keeps_model_text_inert(report):
+    html = report.read_text(encoding="utf-8")
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", html, re.I)
+    assert "http://" not in html.split('<script id="rollout-data"')[0]  # no external reference in the markup
+    assert html.count("</script>") == 3  # the error hook, the data, the code: model text closes none
+    assert scripted.HOSTILE not in html and "\\u003c/script\\u003e" in html
+    assert "<svg class=\"curve\"" in html
+
+
+@pytest.mark.parametrize("setup, message", [
+    ("missing", "does not exist"),
+    ("empty", "no rollout records in"),
+    ("corrupt", "step_000003.jsonl:2: not a JSON record"),
+    ("metrics", "metrics.jsonl:1: not a JSON metrics record"),
+])
+def test_bad_input_is_named_with_exit_2(tmp_path, run_dir, setup, message):
+    target = tmp_path / "run"
+    if setup != "missing":
+        target.mkdir()
+    if setup in ("corrupt", "metrics"):
+        good = step_path(run_dir, "train", 1).read_text().splitlines()[0]
+        path = step_path(target, "train", 3)
+        path.parent.mkdir(parents=True)
+        path.write_text(good + "\n" + ("{broken\n" if setup == "corrupt" else good + "\n"))
+        if setup == "metrics":
+            (target / "metrics.jsonl").write_text("{oops\n")
+    proc = inspect_cli(str(target), "--out", str(tmp_path / "r.html"), "--quiet")
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r.html").exists()
+
+
+def test_bad_arguments_exit_2(tmp_path, run_dir):
+    assert inspect_cli(str(run_dir), "--max-steps", "0").returncode == 2
+    proc = inspect_cli(str(run_dir), "--out", str(tmp_path), "--quiet")
+    assert proc.returncode == 2 and "is a folder" in proc.stderr
+    proc = inspect_cli(str(run_dir), "--out", str(tmp_path / "nope" / "r.html"), "--quiet")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_torn_last_line_is_a_warning_not_a_failure(tmp_path, run_dir):
+    target = tmp_path / "run"
+    lines = step_path(run_dir, "train", 1).read_text().splitlines(keepends=True)
+    path = step_path(target, "train", 1)
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(lines) + lines[0][:40])  # a crash mid-write
+    proc = inspect_cli(str(target), "--quiet")
+    assert proc.returncode == 0 and "warning:" in proc.stderr and "incomplete last line" in proc.stderr
+    assert (target / "rollouts.html").exists()
+
+
+# ---------------------------------------------------------------- numbers the page shows
+
+def test_step_summary_numbers_come_from_the_records(run_dir):
+    for key, groups in records(run_dir).items():
+        phase, step = key.split("/")
+        view = step_view(StepRecords(phase, int(step), groups, len(groups)))
+        samples = [s for g in groups for s in g["samples"]]
+        for cell in view["strata"]:
+            mine = [s for s in samples if s["stratum"] == cell["stratum"]]
+            assert cell["count"] == len(mine)
+            assert cell["reward_mean"] == pytest.approx(sum(s["reward"] for s in mine) / len(mine))
+        assert sum(c["count"] for c in view["strata"]) == len(samples) == view["n_samples"]
+        flat = {g["prompt_id"]: len({s["reward"] for s in g["samples"]}) == 1 and len(g["samples"]) > 1 for g in groups}
+        assert {g["prompt_id"]: g["no_variance"] for g in view["groups"]} == flat
+        for g in view["groups"]:
+            order = [(s["stratum"], -s["reward"]) for s in g["samples"]]
+            assert order == sorted(order)
+    step1 = step_view(StepRecords("train", 1, records(run_dir)["train/1"], 3))
+    assert step1["no_variance_groups"] == 1  # q-hamlet: every answer wrong
+
+
+def test_passages_are_split_as_format_docs_writes_them():
+    from agent_env.observations import Doc, format_docs, information_block
+
+    docs = [Doc("1", "Paris", "Paris is the capital.\nSecond line."), Doc("2", "Lyon (city)", "Lyon.")]
+    assert split_passages(format_docs(docs)) == [
+        {"rank": 1, "title": "Paris", "text": "Paris is the capital.\nSecond line."},
+        {"rank": 2, "title": "Lyon (city)", "text": "Lyon."}]
+    assert split_passages("search failed: timed out") == []
+    block = information_block(format_docs(docs), lambda text: text)
+    view = turn_view({"kind": "search", "text": "<think>look it up</think>\n<search> q </search>", "output": block,
+                      "output_chars": 5000, "tokens": 9})
+    assert (view["think"], view["action"]) == ("look it up", "<search> q </search>")
+    assert [p["title"] for p in view["passages"]] == ["Paris", "Lyon (city)"] and view["output_text"] == ""
+    assert view["output_shown"] == len(block) < view["output_chars"] and "text" not in view
+
+
+def test_curves_and_step_thinning(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert series(rows, "reward") == [(1.0, rows[0]["reward"]), (2.0, rows[1]["reward"])]
+    assert curves_html(rows).count("<svg") == sum(1 for key, _ in CURVES if series(rows, key))
+    assert curves_html([]) == ""
+    files = [type("F", (), {"phase": "train", "step": s})() for s in range(1, 11)]
+    files.append(type("F", (), {"phase": "eval", "step": 10})())
+    kept, dropped = thin_steps(files, 4)
+    assert [f.step for f in kept if f.phase == "train"] == [1, 4, 7, 10] and dropped == 6
+    assert any(f.phase == "eval" for f in kept)
+    assert len(load_run(run_dir, max_groups=1, progress=False).steps[0].groups) == 1
+
+
+# ---------------------------------------------------------------- as a person sees it
+
+DOM_STATE = """(() => {
+  const num = v => v === "" || v === null ? null : Number(v);
+  return {
+    rendered: document.body.getAttribute("data-rendered"),
+    stepKey: document.body.getAttribute("data-step-key"),
+    errors: window.__reportErrors, pwned: window.__pwned === undefined ? null : window.__pwned,
+    shown: [num(document.getElementById("shown").getAttribute("data-groups")),
+            num(document.getElementById("shown").getAttribute("data-samples"))],
+    bars: [...document.querySelectorAll("svg.hist rect.bar")].map(b => [num(b.getAttribute("data-stratum")),
+            num(b.getAttribute("data-count"))]),
+    strataRows: [...document.querySelectorAll("table.strata tr[data-stratum]")].map(r => [
+            num(r.getAttribute("data-stratum")), r.querySelector(".reward-mean").textContent]),
+    groups: [...document.querySelectorAll("article.group")].map(g => ({
+      promptId: g.getAttribute("data-prompt-id"), noVariance: g.getAttribute("data-no-variance"),
+      hidden: g.classList.contains("hidden"), question: g.querySelector(".question").textContent,
+      samples: [...g.querySelectorAll("details.sample")].map(s => ({
+        sample: num(s.getAttribute("data-sample")), stratum: num(s.getAttribute("data-stratum")),
+        reward: num(s.getAttribute("data-reward")), advantage: num(s.getAttribute("data-advantage")),
+        san: num(s.getAttribute("data-san")), gn: num(s.getAttribute("data-gn")),
+        hidden: s.classList.contains("hidden"),
+        advClass: s.querySelector("summary .adv").className, advText: s.querySelector("summary .adv").textContent,
+        turns: [...s.querySelectorAll(".turn")].map(t => ({
+          kind: t.getAttribute("data-kind"), cls: t.className,
+          think: (t.querySelector(".seg-think") || {}).textContent || "",
+          action: (t.querySelector(".seg-action") || {}).textContent || "",
+          passages: t.querySelectorAll(".passage").length,
+          result: (t.querySelector(".seg-result") || {}).textContent || null}))}))}))};
+})()"""
+
+
+def set_control(browser: Browser, element_id: str, value) -> dict:
+    """Change a control the way a click does (its change event), then read the page again."""
+    prop = "checked" if isinstance(value, bool) else "value"
+    browser.evaluate(f"(() => {{ const e = document.getElementById({json.dumps(element_id)}); "
+                     f"e.{prop} = {json.dumps(value)}; e.dispatchEvent(new Event('change')); }})()")
+    return browser.evaluate(DOM_STATE)
+
+
+def sign_class(v: float | None) -> str:
+    return "adv-none" if v is None else "adv-pos" if v > 1e-12 else "adv-neg" if v < -1e-12 else "adv-zero"
+
+
+def assert_dom_matches(state: dict, groups: list[dict]) -> None:
+    assert [g["promptId"] for g in state["groups"]] == [g["prompt_id"] for g in groups]
+    for dom, rec in zip(state["groups"], groups):
+        assert dom["question"] == rec["question"]
+        by_index = {s["sample"]: s for s in rec["samples"]}
+        assert sorted(s["sample"] for s in dom["samples"]) == sorted(by_index)
+        strata = [s["stratum"] for s in dom["samples"]]
+        assert strata == sorted(strata)  # samples sorted by stratum
+        rewards = {s["reward"] for s in rec["samples"]}
+        assert dom["noVariance"] == ("1" if len(rewards) == 1 and len(rec["samples"]) > 1 else "0")
+        for s in dom["samples"]:
+            r = by_index[s["sample"]]
+            assert (s["stratum"], s["reward"]) == (r["stratum"], r["reward"])
+            for key in ("advantage", "san", "gn"):
+                assert (s[key] is None) == (r[key] is None) and (r[key] is None or s[key] == pytest.approx(r[key]))
+            assert sign_class(r["advantage"]) in s["advClass"].split()
+            if r["advantage"] is not None and abs(r["advantage"]) > 1e-12:
+                assert s["advText"].startswith("A " + ("+" if r["advantage"] > 0 else "\u2212"))
+            assert [t["kind"] for t in s["turns"]] == [t["kind"] for t in r["turns"]]
+            for t, rt in zip(s["turns"], r["turns"]):
+                assert f"turn-{rt['kind']}" in t["cls"].split()
+                assert t["action"] == strip_think(rt["text"]).strip()
+                if rt["kind"] == "search" and rt["doc_ids"]:
+                    assert t["passages"] == len(rt["doc_ids"])
+                if rt["kind"] == "code":
+                    assert t["result"] is not None and t["result"] in rt["output"]
+
+
+@pytest.fixture(scope="module")
+def page(report):
+    if CHROMIUM is None:
+        pytest.skip(f"no Chromium on PATH (apt-get install -y {APT_PACKAGE})")
+    with Browser(CHROMIUM) as browser:
+        browser.open(report)
+        yield browser
+
+
+@needs_chromium
+def test_rendered_dom_matches_the_records_with_no_script_errors(page, run_dir, report):
+    recs = records(run_dir)
+    steps = page.evaluate("[...document.querySelectorAll('#step-select option')].map(o => o.textContent)")
+    assert steps == ["train \u00b7 step 1 (3 groups)", "train \u00b7 step 2 (2 groups)", "eval \u00b7 step 2 (2 groups)"]
+    seen_kinds, thinks = set(), 0
+    for index, key in enumerate(["train/1", "train/2", "eval/2"]):
+        state = set_control(page, "step-select", str(index))
+        assert state["rendered"] == "1" and state["stepKey"] == key
+        assert_dom_matches(state, recs[key])
+        samples = [s for g in recs[key] for s in g["samples"]]
+        counts = {}
+        for s in samples:
+            counts[s["stratum"]] = counts.get(s["stratum"], 0) + 1
+        assert state["bars"] == [list(kv) for kv in sorted(counts.items())] and state["bars"]
+        for stratum, shown in state["strataRows"]:
+            mine = [s["reward"] for s in samples if s["stratum"] == stratum]
+            assert shown == f"{sum(mine) / len(mine):.3f}"
+        assert state["shown"] == [len(recs[key]), len(samples)]
+        for g in state["groups"]:
+            for s in g["samples"]:
+                seen_kinds.update(t["kind"] for t in s["turns"])
+                thinks += sum(bool(t["think"]) for t in s["turns"])
+    assert seen_kinds == {"search", "code", "answer", "none"} and thinks > 10
+    # model text containing markup stayed text: nothing it said ran
+    set_control(page, "step-select", "0")
+    assert page.evaluate("document.getElementById('groups').textContent.includes(" + json.dumps(scripted.HOSTILE) + ")")
+    assert page.evaluate("window.__pwned === undefined")
+    assert page.errors == [] and page.evaluate("window.__reportErrors") == []
+    assert page.requests == [report.resolve().as_uri()]  # the page itself, nothing else
+
+
+@needs_chromium
+def test_filters_and_step_selector_work_like_a_person_uses_them(page, run_dir):
+    recs = records(run_dir)["train/1"]
+    state = set_control(page, "step-select", "0")
+    state = set_control(page, "filter-novar", True)
+    visible = [g["promptId"] for g in state["groups"] if not g["hidden"]]
+    assert visible == ["q-hamlet"] and state["shown"][0] == 1
+    state = set_control(page, "filter-novar", False)
+    state = set_control(page, "filter-stratum", "2")
+    two = [s for g in recs for s in g["samples"] if s["stratum"] == 2]
+    shown = [s for g in state["groups"] for s in g["samples"] if not s["hidden"]]
+    assert len(shown) == len(two) == state["shown"][1] and all(s["stratum"] == 2 for s in shown)
+    assert state["shown"][0] == len({g["prompt_id"] for g in recs if any(s["stratum"] == 2 for s in g["samples"])})
+    state = set_control(page, "filter-stratum", "all")
+    state = set_control(page, "filter-reward", "pos")
+    shown = [s for g in state["groups"] for s in g["samples"] if not s["hidden"]]
+    assert {s["reward"] for s in shown} == {1.0}
+    assert len(shown) == sum(s["reward"] > 0 for g in recs for s in g["samples"])
+    state = set_control(page, "filter-reward", "all")
+    page.evaluate("document.getElementById('next').click()")
+    assert page.evaluate(DOM_STATE)["stepKey"] == "train/2"
+    assert page.errors == []

@@ -1,0 +1,81 @@
+"""Fuzzing the `/run_code` request schema with hypothesis: whatever a client sends, the answer is
+a 200 that SandboxFusion's client parses or a 4xx JSON error, never a 5xx, a crash or a hang.
+
+Two levels: the validator alone (many examples: only RequestError may escape it), and the real
+service over HTTP (fewer examples: each valid body runs code, so the service caps run_timeout).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sandbox.api import RequestError, RunRequest, parse_run_request
+from sandbox.process import SandboxProcess
+
+sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (a test dependency)")
+
+FIELDS = ("code", "language", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB", "files", "fetch_files")
+scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+           | st.text(max_size=20) | st.sampled_from(["\ud800", "a\udfffb", "é", "../../etc/passwd", "aGk="]))
+json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+paths = (st.text(max_size=12) | st.sampled_from(["a", "a/b", "/tmp/x", "/etc/x", "main.py", "x" * 300, "\ud800",
+                                                "d/" * 40 + "f", "../tmp/y", ".", "/work"]))
+file_maps = st.dictionaries(paths, st.none() | st.sampled_from(["aGk=", "aGk=\n", "héllo", "%%%", ""]) | json_values,
+                            max_size=4)
+field_values = {
+    "code": st.sampled_from(["print(1)", "", "import sys; sys.exit(3)", "\ud800"]) | json_values,
+    "language": st.sampled_from(["python", "cpp", "python3"]) | json_values,
+    "stdin": st.text(max_size=20) | json_values,
+    "run_timeout": st.floats(-1, 2) | json_values,
+    "compile_timeout": st.floats(-1, 2) | json_values,
+    "memory_limit_MB": st.integers(-2, 10_000) | json_values,
+    "files": file_maps | json_values,
+    "fetch_files": st.lists(paths, max_size=3) | json_values,
+}
+bodies = st.fixed_dictionaries({}, optional=field_values) | json_values
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies)
+def test_the_validator_only_ever_raises_request_error(body):
+    try:
+        req = parse_run_request(body)
+    except RequestError as err:
+        assert len(str(err)) < 2000
+        json.dumps({"error": str(err)})  # it can always be sent back
+        return
+    assert isinstance(req, RunRequest)
+    req.code.encode()
+    for path in req.files:
+        assert path.startswith(("/work/", "/tmp/")) and len(path.encode()) <= 4095
+
+
+@pytest.fixture(scope="module")
+def service():
+    with SandboxProcess(backend="local", max_concurrency=2, extra_args=["--max-run-timeout-s", "2"]) as sb:
+        yield sb
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(bodies)
+def test_the_service_answers_every_body_with_200_or_a_json_4xx(service, body):
+    resp = requests.post(f"{service.url}/run_code", data=json.dumps(body), timeout=60)
+    assert resp.status_code in (200, 400), resp.text[:500]
+    if resp.status_code == 400:
+        assert set(resp.json()) == {"error"}
+    else:
+        sandbox_fusion.RunCodeResponse(**resp.json())  # SandboxFusion's own model accepts it
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_arbitrary_bytes_are_a_json_400(service, raw):
+    resp = requests.post(f"{service.url}/run_code", data=raw, timeout=60)
+    assert resp.status_code in (200, 400) and resp.headers["Content-Type"] == "application/json"
