@@ -4,9 +4,10 @@
 
 Starts ``python -m retriever_server.serve`` twice over the same MiniLM index (query cache off):
 
-* ``one-forward``: ``--max-batch 4096``, so each huge request is one encoder forward, the way the
-  batcher worked before fair micro-batches (the baseline);
-* ``micro-batches``: the default ``--max-batch 64``, requests interleaved round-robin.
+* ``one-forward``: ``--max-batch 4096`` and no token budget, so each huge request is one encoder
+  forward, the way the batcher worked before fair micro-batches (the baseline);
+* ``micro-batches``: the defaults, ``--max-batch 64 --max-batch-tokens 4096``, requests
+  interleaved round-robin.
 
 For each: the one-query latency on the idle server, the time of one huge request alone, then
 ``--huge`` huge requests at once with one-query requests sent one after another while they run.
@@ -25,7 +26,7 @@ import requests
 from retriever_qps import add_index_args, index_from_args
 from retriever_server.background import ServerProcess
 
-MODES = {"one-forward": ("--max-batch", "4096"), "micro-batches": ()}
+MODES = {"one-forward": ("--max-batch", "4096", "--max-batch-tokens", str(1 << 30)), "micro-batches": ()}
 
 
 def post(url: str, queries: list[str]) -> float:

@@ -2,12 +2,14 @@
 huge request cannot hold small ones back.
 
 Request threads ``submit`` their queries and block on a future. One worker thread keeps the
-requests that still have queries to search; each step it builds one micro-batch of at most
-``max_batch`` distinct queries by taking one query from each waiting request in turn
-(round-robin), searches it with the largest top-k asked for, and hands every request its hits.
+requests that still have queries to search; each step it builds one micro-batch by taking one
+query from each waiting request in turn (round-robin), up to ``max_batch`` distinct queries and
+``max_tokens`` padded tokens (queries × the longest one's ``cost``: an encoder pads every row to
+the longest), searches it with the largest top-k asked for, and hands every request its hits.
 A one-query request that arrives while a 4,096-query request is being searched therefore waits
-for at most the micro-batch in progress, not for the whole big request. When nothing is in
-progress, the first request waits ``window_ms`` for company before its micro-batch starts.
+for the micro-batch in progress and rides in the next one, whose size the token budget bounds
+even when the big request's queries are long. When nothing is in progress, the first request
+waits ``window_ms`` for company before its micro-batch starts.
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ class _Job(Generic[T]):
 
 
 class DynamicBatcher(Generic[T]):
-    def __init__(self, search: SearchFn, *, window_ms: float = 5.0, max_batch: int = 64) -> None:
-        if max_batch <= 0 or window_ms < 0:
-            raise ValueError("max_batch must be > 0 and window_ms >= 0")
+    def __init__(self, search: SearchFn, *, window_ms: float = 5.0, max_batch: int = 64,
+                 max_tokens: int | None = None, cost: Callable[[str], int] = lambda q: 1) -> None:
+        if max_batch <= 0 or window_ms < 0 or (max_tokens is not None and max_tokens <= 0):
+            raise ValueError("max_batch and max_tokens must be > 0 and window_ms >= 0")
         self._search, self.window, self.max_batch = search, window_ms / 1000.0, max_batch
+        self.max_tokens, self._cost = max_tokens, cost
         self._q: queue.Queue[_Job | None] = queue.Queue()
         self._active: deque[_Job] = deque()
         self._closed = False
@@ -107,15 +111,30 @@ class DynamicBatcher(Generic[T]):
     def _pending_queries(self) -> int:
         return sum(len(j.todo) for j in self._active)
 
+    def _fits(self, batch: dict[str, list[_Job]], longest: int, query: str) -> bool:
+        if query in batch or not batch:
+            return True
+        if len(batch) >= self.max_batch:
+            return False
+        return self.max_tokens is None or (len(batch) + 1) * max(longest, self._cost(query)) <= self.max_tokens
+
     def _next_batch(self) -> dict[str, list[_Job]]:
-        """Up to ``max_batch`` distinct queries, one per active job in turn; query → jobs wanting it."""
+        """Distinct queries, one per active job in turn, within ``max_batch`` and ``max_tokens``
+        (always at least one); query → the jobs wanting it."""
         batch: dict[str, list[_Job]] = {}
-        while self._active and len(batch) < self.max_batch:
-            job = self._active.popleft()
+        longest = 0
+        while self._active:
+            job = self._active[0]
             if job.future.done():  # cancelled: its caller timed out and left
+                self._active.popleft()
                 continue
-            q = job.todo.popleft()
+            q = job.todo[0]
+            if not self._fits(batch, longest, q):
+                break
+            self._active.popleft()
+            job.todo.popleft()
             batch.setdefault(q, []).append(job)
+            longest = max(longest, self._cost(q))
             if job.todo:
                 self._active.append(job)
         return batch

@@ -23,6 +23,9 @@ class ServerConfig:
     batching: bool = True
     batch_window_ms: float = 5.0
     max_batch: int = 64  # queries per encoder forward
+    # padded tokens per forward (queries × the longest, estimated): bounds how long one forward
+    # takes, so a small request never rides in a forward of 64 queries × 256 tokens
+    max_batch_tokens: int = 4096
     cache_size: int = 10_000  # LRU entries; 0 disables
     request_timeout_s: float = 120.0
     malloc_trim_interval_s: float = 1.0  # glibc heap trimming after forwards (native_heap.py); 0 = off
@@ -41,6 +44,7 @@ class ServerConfig:
             (self.max_topk >= self.topk, f"--max-topk ({self.max_topk}) must be >= --topk ({self.topk})"),
             (self.max_queries >= 1, f"--max-queries must be >= 1, got {self.max_queries}"),
             (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
+            (self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}"),
             (self.batch_window_ms >= 0, f"--batch-window-ms must be >= 0, got {self.batch_window_ms}"),
             (self.cache_size >= 0, f"--cache-size must be >= 0, got {self.cache_size}"),
             (self.malloc_trim_interval_s >= 0,

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 # costs as much to tokenize as a hundred real ones). No tokenizer makes tokens this long from
 # text that survives truncation, except single "words" it maps to [UNK] anyway.
 MAX_CHARS_PER_TOKEN = 16
+# What a query costs the batcher before it is tokenized: ~4 characters per token in English
+# wordpiece/sentencepiece vocabularies, plus the special tokens; an estimate, only for budgeting.
+CHARS_PER_TOKEN_ESTIMATE = 4
 
 
 class IndexMismatch(RuntimeError):
@@ -98,6 +101,10 @@ class Retriever:
     def clip(self, query: str) -> str:
         """``query`` cut to what can survive truncation to ``max_length`` tokens (see above)."""
         return query[:self.max_query_chars]
+
+    def estimate_tokens(self, query: str) -> int:
+        """About how many tokens ``query`` becomes (at most ``max_length``), without tokenizing."""
+        return min(self.max_length, len(query) // CHARS_PER_TOKEN_ESTIMATE + 2)
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """One encoder forward and one index search for all ``queries`` (callers bound how many)."""

@@ -43,7 +43,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
                    help="answer 400 to {\"queries\": []} (Search-R1's client sends it: default is [] → [])")
     p.add_argument("--no-batching", action="store_true", help="encode per request (the baseline)")
     p.add_argument("--batch-window-ms", type=float, default=d.batch_window_ms)
-    p.add_argument("--max-batch", type=int, default=d.max_batch)
+    p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per forward (default %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="padded tokens per forward: queries x the longest, estimated at 4 characters per "
+                        "token (default %(default)s)")
     p.add_argument("--cache-size", type=int, default=d.cache_size, help="LRU query cache entries, 0 = off")
     p.add_argument("--web-cache", help="sqlite file for cached web-search answers")
     p.add_argument("--malloc-trim-interval-s", type=float, default=d.malloc_trim_interval_s,

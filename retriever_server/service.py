@@ -18,8 +18,9 @@ class RetrievalService:
         self.retriever, self.config, self.metrics = retriever, config, metrics
         self.cache: LRUCache[Hit] = LRUCache(config.cache_size)
         self.heap = HeapTrimmer(config.malloc_trim_interval_s)
-        self.batcher = (DynamicBatcher(self._search, window_ms=config.batch_window_ms,
-                                       max_batch=config.max_batch) if config.batching else None)
+        self.batcher = (DynamicBatcher(self._search, window_ms=config.batch_window_ms, max_batch=config.max_batch,
+                                       max_tokens=config.max_batch_tokens, cost=retriever.estimate_tokens)
+                        if config.batching else None)
 
     def _search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         self.metrics.batch(len(queries))

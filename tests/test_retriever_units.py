@@ -122,6 +122,22 @@ def test_batcher_interleaves_a_small_request_with_a_huge_one():
     assert max(len(qs) for qs in batches) <= 8 and sorted(where) == sorted([*big_queries, "small"])
 
 
+def test_batcher_token_budget_bounds_padded_tokens():
+    """Each forward holds at most max_tokens padded tokens (rows × the longest row's cost)."""
+    batches = []
+
+    def search(qs, k):
+        batches.append(list(qs))
+        return [[q] for q in qs]
+
+    b = DynamicBatcher(search, window_ms=50, max_batch=64, max_tokens=1000, cost=len)
+    long, short = b.submit(["x" * 300 + str(i) for i in range(9)], 1), b.submit([f"s{i}" for i in range(100)], 1)
+    assert len(long.result(timeout=10)) == 9 and len(short.result(timeout=10)) == 100
+    b.close()
+    assert all(len(qs) * max(map(len, qs)) <= 1000 or len(qs) == 1 for qs in batches)
+    assert max(len(qs) for qs in batches) == 64  # short queries still fill whole forwards
+
+
 def test_batcher_drops_cancelled_requests_and_shares_duplicates():
     gate, seen = threading.Event(), []
 
