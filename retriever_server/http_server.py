@@ -191,18 +191,20 @@ class HttpServer:
             self._tick()
         wasyncore.dispatcher.close(self._server)  # the listening socket only (the trigger stays)
         deadline = time.monotonic() + self.settings.drain_s
-        while time.monotonic() < deadline:
+        while True:
             busy = 0
             for ch in self._channels():
                 if ch.busy:
                     busy += 1
                 else:
-                    ch.will_close = True
+                    ch.will_close = True  # idle keep-alive: closed on the next tick
             if not busy:
                 return
+            if time.monotonic() >= deadline:
+                log.warning("%d connection(s) still busy after --drain-s %gs: closing them",
+                            busy, self.settings.drain_s)
+                return
             self._tick()
-        log.warning("%d connection(s) still busy after --drain-s %gs: closing them",
-                    busy, self.settings.drain_s)
 
     def close(self, flush_s: float = 1.0) -> None:
         """Send what is already written (e.g. errors for requests failed at shutdown), then close all."""
