@@ -7,10 +7,16 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 CONFIG_ENV = "SGRPO_AGENT_CONFIG"
 
 SEARCH_BACKENDS = ("local", "web")
+SERPER_HOSTS = ("google.serper.dev",)
+# Keys that existed once: a config that still sets one gets told what replaced it.
+REMOVED_KEYS = {
+    "web_cache_path": "the /search proxy caches Serper answers (retriever_server.serve --web-cache)",
+}
 TEMPLATES = ("search_r1_base", "search_r1_chat", "deep_research", "none")
 REWARDS = ("em", "f1", "sub_em", "gaia")
 
@@ -25,8 +31,8 @@ class AgentConfig:
 
     retriever_url: str = "http://127.0.0.1:8000/retrieve"
     search_backend: str = "local"
-    web_search_url: str = "https://google.serper.dev/search"
-    web_cache_path: str = "~/.cache/openrlhf-sgrpo/serper_cache.sqlite"
+    # retriever_server's /search proxy (it holds SERPER_API_KEY and the shared answer cache)
+    web_search_url: str = "http://127.0.0.1:8000/search"
     sandbox_url: str = "http://127.0.0.1:8080/run_code"
     max_turns: int = 4
     topk: int = 3
@@ -61,6 +67,10 @@ class AgentConfig:
             raise ConfigError(f"max_tokens_per_turn must be >= 1 or null, got {self.max_tokens_per_turn!r}")
         if self.retries < 0:
             raise ConfigError(f"retries must be >= 0, got {self.retries!r}")
+        if urlsplit(self.web_search_url).hostname in SERPER_HOSTS:
+            raise ConfigError(f"web_search_url={self.web_search_url!r} is Serper itself; point it at "
+                              "retriever_server's /search proxy (python -m retriever_server.serve with "
+                              "SERPER_API_KEY in its environment), e.g. http://HOST:8000/search")
 
     @property
     def allowed_actions(self) -> tuple[str, ...]:
@@ -71,6 +81,10 @@ class AgentConfig:
 def config_from_dict(data: dict | None) -> AgentConfig:
     """Build a config, rejecting unknown keys by name (a typo must not silently use a default)."""
     data = dict(data or {})
+    removed = sorted(set(data) & set(REMOVED_KEYS))
+    if removed:
+        raise ConfigError("; ".join(f"agent config key {k!r} was removed: {REMOVED_KEYS[k]}"
+                                    for k in removed))
     known = {f.name for f in dataclasses.fields(AgentConfig)}
     unknown = sorted(set(data) - known)
     if unknown:

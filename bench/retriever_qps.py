@@ -22,7 +22,7 @@ import requests
 
 from retriever_server.build_index import build_index
 from retriever_server.corpora import split_contents, wiki_extracts_path, wiki_extracts_to_jsonl
-from retriever_server.testing import ServerProcess
+from retriever_server.background import ServerProcess
 
 
 def minilm() -> str:
@@ -38,6 +38,18 @@ def ensure_index(work: Path, passages: int) -> tuple[Path, list[str]]:
     build_index(corpus, out, model=minilm(), batch_size=32)
     titles = [split_contents(json.loads(line)["contents"])[0] for line in open(corpus)]
     return out, titles
+
+
+def add_index_args(p: argparse.ArgumentParser, passages: int) -> None:
+    p.add_argument("--passages", type=int, default=passages, help="real Wikipedia extracts in the index")
+    p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "retriever_bench"))
+
+
+def index_from_args(a: argparse.Namespace) -> tuple[Path, list[str]]:
+    """The (cached) MiniLM index over ``--passages`` extracts and their titles."""
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    return ensure_index(work, a.passages)
 
 
 def run_level(url: str, queries: list[str], clients: int) -> dict[str, float]:
@@ -62,14 +74,11 @@ def run_level(url: str, queries: list[str], clients: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--passages", type=int, default=300)
+    add_index_args(p, passages=300)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--requests", type=int, default=128, help="requests per concurrency level (min 4×clients)")
-    p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "retriever_bench"))
     a = p.parse_args()
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    index, titles = ensure_index(work, a.passages)
+    index, titles = index_from_args(a)
     templates = ["What is {}?", "Tell me about {}.", "history of {}", "{} facts", "where is {} from"]
     rows: dict[tuple[str, int], dict[str, float]] = {}
     common = ("--index", str(index), "--cache-size", "0", "--threads", "96")

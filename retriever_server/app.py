@@ -14,16 +14,16 @@ from typing import Any
 from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from .batching import ShuttingDown
 from .config import ServerConfig
 from .metrics import Metrics
 from .retriever import Retriever
-from .schema import BadRequest, format_result, parse_request
+from .schema import BadRequest, decode_body, format_result, parse_request
 from .service import RetrievalService
 from .websearch import SerperClient, WebSearchFailed, WebSearchUnavailable
 
 log = logging.getLogger(__name__)
 EXTENSION = "retriever_server"
-MAX_BODY_BYTES = 8 << 20
 
 
 class ServerState:
@@ -57,31 +57,37 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
                                        backoff_s=config.web_backoff_s)
     state = ServerState(config, retriever, web)
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["MAX_CONTENT_LENGTH"] = config.http.max_body_bytes  # waitress checks first; for other servers
     app.json.sort_keys = False
     app.extensions[EXTENSION] = state
     limits = config.limits()
 
     def body_or_400() -> Any:
-        body = request.get_json(silent=True, force=True)
-        if body is None:
-            raise BadRequest("request body must be JSON, e.g. {\"queries\": [\"...\"], \"topk\": 3}")
-        return body
+        return decode_body(request.get_data(cache=False))
+
+    def route() -> str:
+        """The matched route, never the raw path: metrics labels stay a bounded set."""
+        return request.url_rule.rule if request.url_rule is not None else "<unmatched>"
 
     @app.errorhandler(BadRequest)
     def _bad(e: BadRequest):
-        state.metrics.error(request.path, 400)
+        state.metrics.error(route(), 400)
         return _error(400, str(e))
+
+    @app.errorhandler(ShuttingDown)
+    def _stopping(e: ShuttingDown):
+        state.metrics.error(route(), 503)
+        return _error(503, f"{e}; retry against another replica or later")
 
     @app.errorhandler(HTTPException)
     def _http(e: HTTPException):
-        state.metrics.error(request.path, e.code or 500)
+        state.metrics.error(route(), e.code or 500)
         return _error(e.code or 500, e.description or e.name)
 
     @app.errorhandler(Exception)
     def _crash(e: Exception):
-        log.exception("unhandled error on %s", request.path)
-        state.metrics.error(request.path, 500)
+        log.exception("unhandled error on %s", route())
+        state.metrics.error(route(), 500)
         return _error(500, f"internal error: {type(e).__name__}")
 
     @app.post("/retrieve")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .http_server import HttpSettings
 from .schema import Limits
 
 
@@ -17,16 +18,21 @@ class ServerConfig:
     max_length: int | None = None  # query truncation; default: the build's max_length
     topk: int = 3
     max_topk: int = 100
-    max_queries: int = 256  # per request
+    max_queries: int = Limits.max_queries  # per request
     allow_empty_queries: bool = True
     batching: bool = True
     batch_window_ms: float = 5.0
     max_batch: int = 64  # queries per encoder forward
+    # padded tokens per forward (queries × the longest, estimated): bounds how long one forward
+    # takes, so a small request never rides in a forward of 64 queries × 256 tokens
+    max_batch_tokens: int = 4096
     cache_size: int = 10_000  # LRU entries; 0 disables
     request_timeout_s: float = 120.0
+    malloc_trim_interval_s: float = 1.0  # glibc heap trimming after forwards (native_heap.py); 0 = off
     web_cache: str | None = None  # sqlite path for Serper answers
     web_retries: int = 3
     web_backoff_s: float = 0.5
+    http: HttpSettings = field(default_factory=HttpSettings)  # the waitress layer (serve, RunningServer)
 
     def limits(self) -> Limits:
         return Limits(self.topk, self.max_topk, self.max_queries, self.allow_empty_queries)
@@ -38,9 +44,13 @@ class ServerConfig:
             (self.max_topk >= self.topk, f"--max-topk ({self.max_topk}) must be >= --topk ({self.topk})"),
             (self.max_queries >= 1, f"--max-queries must be >= 1, got {self.max_queries}"),
             (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
+            (self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}"),
             (self.batch_window_ms >= 0, f"--batch-window-ms must be >= 0, got {self.batch_window_ms}"),
             (self.cache_size >= 0, f"--cache-size must be >= 0, got {self.cache_size}"),
+            (self.malloc_trim_interval_s >= 0,
+             f"--malloc-trim-interval-s must be >= 0, got {self.malloc_trim_interval_s}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self.http.validate()

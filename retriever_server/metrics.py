@@ -1,4 +1,7 @@
-"""Request counters, batch-size histogram and latency percentiles for ``GET /metrics``."""
+"""Request counters, batch-size histogram, latency percentiles and process memory for ``GET /metrics``.
+
+Labels are bounded: callers pass route names, never raw request paths.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from collections import Counter, deque
 from typing import Any
 
 import numpy as np
+
+from .native_heap import process_memory
 
 LATENCY_WINDOW = 10_000  # percentiles over the most recent requests
 
@@ -57,4 +62,5 @@ class Metrics:
                                "max": max(sizes) if sizes else 0,
                                "histogram": {str(k): v for k, v in sorted(sizes.items())}},
                 "latency": lat,
+                "memory": process_memory(),
             }

@@ -19,6 +19,15 @@ from .profiles import Profile
 
 log = logging.getLogger(__name__)
 
+# A query is cut to max_length × this many characters before tokenizing: the tokenizer would
+# truncate it to max_length tokens anyway, but only after tokenizing all of it (a 30 KB query
+# costs as much to tokenize as a hundred real ones). No tokenizer makes tokens this long from
+# text that survives truncation, except single "words" it maps to [UNK] anyway.
+MAX_CHARS_PER_TOKEN = 16
+# What a query costs the batcher before it is tokenized: ~4 characters per token in English
+# wordpiece/sentencepiece vocabularies, plus the special tokens; an estimate, only for budgeting.
+CHARS_PER_TOKEN_ESTIMATE = 4
+
 
 class IndexMismatch(RuntimeError):
     """Index, docstore, meta.json and model disagree: serving would return wrong passages."""
@@ -68,11 +77,13 @@ class Retriever:
         self.profile = Profile.from_dict(self.meta["profile"])
         self.model = model or self.meta["model"]
         self.device = device
+        self.max_length = max_length or self.meta.get("max_length", 256)
+        self.max_query_chars = self.max_length * MAX_CHARS_PER_TOKEN
         self.docs = DocStore(self.index_dir)
         self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap)
         self.searcher = make_searcher(self.index, device=device)
         self.encoder = encoder or load_encoder(self.model, self.profile, device=device, fp16=fp16,
-                                               max_length=max_length or self.meta.get("max_length", 256))
+                                               max_length=self.max_length)
         check_consistency(self.meta, self.searcher, self.docs, self.encoder,
                           (self.index_dir / DOCS_FILE).stat().st_size)
         self._lock = threading.Lock()  # one forward at a time: parallel forwards only thrash cores
@@ -87,12 +98,21 @@ class Retriever:
     def dim(self) -> int:
         return self.searcher.dim
 
+    def clip(self, query: str) -> str:
+        """``query`` cut to what can survive truncation to ``max_length`` tokens (see above)."""
+        return query[:self.max_query_chars]
+
+    def estimate_tokens(self, query: str) -> int:
+        """About how many tokens ``query`` becomes (at most ``max_length``), without tokenizing."""
+        return min(self.max_length, len(query) // CHARS_PER_TOKEN_ESTIMATE + 2)
+
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        """One encoder forward and one index search for all ``queries``."""
+        """One encoder forward and one index search for all ``queries`` (callers bound how many)."""
         if not queries:
             return []
+        texts = [self.clip(q) for q in queries]
         with self._lock:
-            vecs = self.encoder.encode(list(queries), is_query=True, batch_size=max(len(queries), 1))
+            vecs = self.encoder.encode(texts, is_query=True, batch_size=len(texts))
             scores, rows = self.searcher.search(vecs, k)
         return [[Hit(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0]
                 for rr, ss in zip(np.asarray(rows), np.asarray(scores))]

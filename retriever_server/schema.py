@@ -9,6 +9,7 @@ empty ``queries`` list when no rollout searched in a turn, which must answer ``{
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -21,8 +22,34 @@ class BadRequest(ValueError):
 class Limits:
     default_topk: int = 3
     max_topk: int = 100
-    max_queries: int = 256
+    # Search-R1's trainer posts every active rollout's query of a turn in one request:
+    # train_batch_size 512 × n_agent 5 = 2,560 queries at its defaults.
+    max_queries: int = 4096
     allow_empty_queries: bool = True  # Search-R1's client posts [] when no rollout searched
+
+
+EXAMPLE = '{"queries": ["..."], "topk": 3}'
+
+
+def decode_body(data: bytes) -> Any:
+    """The request body as JSON; anything that is not (bad UTF-8, nesting deeper than the parser
+    recurses) is a :class:`BadRequest`, never a 500."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise BadRequest("request body is JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise BadRequest(f"request body must be JSON, e.g. {EXAMPLE} ({str(e)[:100]})") from None
+
+
+def _brief(value: Any) -> str:
+    """A client's value for an error message: scalars shown (cut), containers only by type, so a
+    message never recurses into (or echoes) a huge or deeply nested value."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)[:50]
+    if isinstance(value, str):
+        return repr(value[:50])
+    return f"a {type(value).__name__}"
 
 
 @dataclass(frozen=True)
@@ -40,7 +67,7 @@ def _clean(q: str) -> str:
 def parse_request(body: Any, limits: Limits) -> SearchRequest:
     """Validate a decoded JSON body; raises :class:`BadRequest` naming the offending field."""
     if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object like {\"queries\": [\"...\"], \"topk\": 3}")
+        raise BadRequest(f"request body must be a JSON object like {EXAMPLE}")
     if "queries" not in body:
         raise BadRequest("missing field 'queries' (a list of strings)")
     queries = body["queries"]
@@ -57,14 +84,14 @@ def parse_request(body: Any, limits: Limits) -> SearchRequest:
     if topk is None:
         topk = limits.default_topk
     elif isinstance(topk, bool) or not isinstance(topk, int):
-        raise BadRequest(f"'topk' must be an integer, got {topk!r}"[:200])
+        raise BadRequest(f"'topk' must be an integer, got {_brief(topk)}")
     if not 1 <= topk <= limits.max_topk:
-        raise BadRequest(f"'topk' must be between 1 and {limits.max_topk}, got {topk}")
+        raise BadRequest(f"'topk' must be between 1 and {limits.max_topk}, got {_brief(topk)}")
     rs = body.get("return_scores", False)
     if rs is None:
         rs = False
     if not isinstance(rs, bool):
-        raise BadRequest(f"'return_scores' must be true or false, got {rs!r}"[:200])
+        raise BadRequest(f"'return_scores' must be true or false, got {_brief(rs)}")
     return SearchRequest([_clean(q) for q in queries], topk, rs)
 
 

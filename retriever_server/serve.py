@@ -1,9 +1,10 @@
-"""Serve the retriever with waitress (a production WSGI server; threads feed the batcher).
+"""Serve the retriever with waitress (see :mod:`retriever_server.http_server` for why and how).
 
     python -m retriever_server.serve --index DIR --host 127.0.0.1 --port 8000
 
 ``--port 0`` binds a free port; the first stdout line is always
-``retriever_server listening on http://HOST:PORT`` so launchers can read the port.
+``retriever_server listening on http://HOST:PORT`` so launchers can read the port. SIGTERM or
+SIGINT: stop accepting, finish in-flight requests (up to ``--drain-s``), exit 0.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from dataclasses import fields
 
+from .background import LISTEN_PREFIX, RunningServer
 from .config import ServerConfig
 from .corpora import CorpusError
+from .http_server import add_http_args, settings_from_args
 from .retriever import IndexMismatch
 
-LISTEN_PREFIX = "retriever_server listening on "
-
+log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ServerConfig]:
     d = ServerConfig()
@@ -28,7 +31,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
     p.add_argument("--index", help="index folder from build_index (omit to serve only /search)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
-    p.add_argument("--threads", type=int, default=64, help="waitress worker threads")
     p.add_argument("--model", help="encoder override (must make vectors like the index's)")
     p.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N")
     p.add_argument("--mmap", action="store_true", help="memory-map the FAISS index (flat RAM at startup)")
@@ -36,44 +38,47 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
     p.add_argument("--max-length", type=int, help="query truncation (default: the build's)")
     p.add_argument("--topk", type=int, default=d.topk)
     p.add_argument("--max-topk", type=int, default=d.max_topk)
-    p.add_argument("--max-queries", type=int, default=d.max_queries, help="queries per request")
+    p.add_argument("--max-queries", type=int, default=d.max_queries, help="queries per request (default %(default)s)")
     p.add_argument("--reject-empty-queries", action="store_true",
                    help="answer 400 to {\"queries\": []} (Search-R1's client sends it: default is [] → [])")
     p.add_argument("--no-batching", action="store_true", help="encode per request (the baseline)")
     p.add_argument("--batch-window-ms", type=float, default=d.batch_window_ms)
-    p.add_argument("--max-batch", type=int, default=d.max_batch)
+    p.add_argument("--max-batch", type=int, default=d.max_batch, help="queries per forward (default %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=d.max_batch_tokens,
+                   help="padded tokens per forward: queries x the longest, estimated at 4 characters per "
+                        "token (default %(default)s)")
     p.add_argument("--cache-size", type=int, default=d.cache_size, help="LRU query cache entries, 0 = off")
     p.add_argument("--web-cache", help="sqlite file for cached web-search answers")
+    p.add_argument("--malloc-trim-interval-s", type=float, default=d.malloc_trim_interval_s,
+                   help="glibc: give the heap's free pages back to the OS at most this often, after a "
+                        "forward (default %(default)s; 0 = never: RSS grows with varying batch shapes)")
+    add_http_args(p)
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
     names = {f.name for f in fields(ServerConfig)}
     cfg = ServerConfig(**{k: v for k, v in vars(a).items() if k in names and v is not None})
     cfg.allow_empty_queries = not a.reject_empty_queries
     cfg.batching = not a.no_batching
+    cfg.http = settings_from_args(a)
     return a, cfg
 
 
 def main(argv: list[str] | None = None) -> int:
-    from waitress import create_server
-
-    from .app import EXTENSION, create_app
-
     a, cfg = parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        app = create_app(cfg)
+        server = RunningServer(cfg, host=a.host, port=a.port).start()
     except (ValueError, IndexMismatch, CorpusError, OSError) as e:
         print(f"retriever_server: refusing to start: {e}", file=sys.stderr)
         return 2
-    server = create_server(app, host=a.host, port=a.port, threads=a.threads)
-    print(f"{LISTEN_PREFIX}http://{a.host}:{server.effective_port}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: server.close())
-    try:
-        server.run()
-    except KeyboardInterrupt:
+    print(f"{LISTEN_PREFIX}{server.url}", flush=True)
+    while not stop.wait(1.0):
         pass
-    finally:
-        app.extensions[EXTENSION].close()
+    log.info("stopping: no new connections, draining in-flight requests (up to %gs)", cfg.http.drain_s)
+    server.stop()
     return 0
 
 

@@ -1,8 +1,19 @@
-"""Web search through Google (Serper), answered in the same shape as ``/retrieve``.
+"""Web search through Google (Serper), answered in the same shape as ``/retrieve``: the one Serper
+client of the repository, behind ``POST /search``.
 
-``SERPER_API_KEY`` enables it; ``SERPER_URL`` overrides the endpoint (tests point it at a local
-fake). Answers are cached in sqlite (repeated rollout queries cost nothing); 429 and 5xx are
-retried with exponential backoff (``Retry-After`` honoured, capped).
+Why the proxy owns it and the agent does not: on a cluster the agent runs inside every Ray
+rollout worker. A Serper client there puts the API key into every worker's environment (and
+the job spec), gives every worker its own sqlite cache (the same query is paid for once per
+worker, and sqlite on a shared filesystem locks writers out) and lets N uncoordinated clients
+hit Serper's rate limit. Behind ``/search`` there is one key (``SERPER_API_KEY`` in this
+server's environment only), one cache all workers share, one retry policy; and since ``/search``
+answers like ``/retrieve``, the agent's ``web`` backend is its ``/retrieve`` client pointed at
+``/search`` (``agent_env.tools.RetrieverClient``): one wire format, over HTTP only, so this
+package still ships alone.
+
+``SERPER_URL`` overrides the endpoint (tests point it at :class:`retriever_server.testing.FakeSerper`).
+Answers are cached in sqlite (repeated rollout queries cost nothing); 429 and 5xx are retried with
+exponential backoff (``Retry-After`` honoured, capped).
 """
 
 from __future__ import annotations

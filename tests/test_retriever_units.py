@@ -93,8 +93,69 @@ def test_batcher_respects_max_batch_and_propagates_errors():
         b.submit(["boom"], 1).result(timeout=10)
     assert b.submit(["after"], 1).result(timeout=10) == [["after"]]  # worker survived
     b.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RuntimeError, match="shutting down"):
         b.submit(["late"], 1)
+
+
+def test_batcher_interleaves_a_small_request_with_a_huge_one():
+    """Head-of-line: a one-query request submitted while a 400-query request is being searched
+    rides in the next micro-batch, and is answered long before the big one."""
+    started, release, batches = threading.Event(), threading.Event(), []
+
+    def search(qs, k):
+        batches.append(list(qs))
+        started.set()
+        release.wait(10)  # the first micro-batch holds until the small request is queued
+        return [[q] for q in qs]
+
+    b = DynamicBatcher(search, window_ms=0, max_batch=8)
+    big_queries = [f"big{i}" for i in range(400)]
+    big = b.submit(big_queries, 1)
+    assert started.wait(10)
+    small = b.submit(["small"], 1)
+    release.set()
+    assert small.result(timeout=10) == [["small"]]
+    assert big.result(timeout=30) == [[f"big{i}"] for i in range(400)]
+    b.close()
+    where = {q: i for i, qs in enumerate(batches) for q in qs}
+    assert where["small"] == 1 < where["big399"]  # the micro-batch right after the one in progress
+    assert max(len(qs) for qs in batches) <= 8 and sorted(where) == sorted([*big_queries, "small"])
+
+
+def test_batcher_token_budget_bounds_padded_tokens():
+    """Each forward holds at most max_tokens padded tokens (rows × the longest row's cost)."""
+    batches = []
+
+    def search(qs, k):
+        batches.append(list(qs))
+        return [[q] for q in qs]
+
+    b = DynamicBatcher(search, window_ms=50, max_batch=64, max_tokens=1000, cost=len)
+    long, short = b.submit(["x" * 300 + str(i) for i in range(9)], 1), b.submit([f"s{i}" for i in range(100)], 1)
+    assert len(long.result(timeout=10)) == 9 and len(short.result(timeout=10)) == 100
+    b.close()
+    assert all(len(qs) * max(map(len, qs)) <= 1000 or len(qs) == 1 for qs in batches)
+    assert max(len(qs) for qs in batches) == 64  # short queries still fill whole forwards
+
+
+def test_batcher_drops_cancelled_requests_and_shares_duplicates():
+    gate, seen = threading.Event(), []
+
+    def search(qs, k):
+        seen.extend(qs)
+        gate.wait(10)
+        return [[q] for q in qs]
+
+    b = DynamicBatcher(search, window_ms=0, max_batch=2)
+    first = b.submit(["a", "b"], 1)  # occupies the worker until the gate opens
+    left = b.submit([f"gone{i}" for i in range(50)], 1)
+    dup = b.submit(["c", "c", "a"], 1)
+    assert left.cancel()  # what the service does when a request times out
+    gate.set()
+    assert first.result(timeout=10) == [["a"], ["b"]]
+    assert dup.result(timeout=10) == [["c"], ["c"], ["a"]]
+    assert sum(q.startswith("gone") for q in seen) <= 2  # at most the one micro-batch already built
+    b.close()
 
 
 def test_docstore_random_access(tmp_path):

@@ -1,67 +1,28 @@
-"""/search against a real local fake Serper (loopback HTTP server): shape, cache, retries, no key."""
+"""/search against a fake Serper on loopback replaying Serper-shaped answers: the proxy's shape,
+sqlite cache, retries, no key; and the agent's `web` backend end to end (agent → /search → Serper)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import requests
 
+from agent_env.config import ConfigError, config_from_dict
+from agent_env.tools import get_toolset
+from retriever_server.background import RunningServer
 from retriever_server.config import ServerConfig
-from retriever_server.testing import RunningServer
+from retriever_server.testing import FakeSerper
 from retriever_server.websearch import SerperClient
 
-
-class FakeSerper:
-    """Serper-shaped answers; ``fail_with`` is a list of statuses returned before succeeding."""
-
-    def __init__(self) -> None:
-        self.fail_with: list[int] = []
-        self.calls: list[dict] = []
-        self.keys: list[str] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server API)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls.append(body)
-                outer.keys.append(self.headers.get("X-API-KEY", ""))
-                if outer.fail_with:
-                    code = outer.fail_with.pop(0)
-                    self.send_response(code)
-                    self.send_header("Retry-After", "0")
-                    self.end_headers()
-                    return
-                organic = [{"title": f"{body['q']} result {i}", "link": f"https://example.org/{i}",
-                            "snippet": f"snippet {i} about {body['q']}", "position": i} for i in range(1, 11)]
-                data = json.dumps({"searchParameters": {"q": body["q"]}, "organic": organic}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/search"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+RESPONSES = json.loads((Path(__file__).parent / "fixtures" / "serper" / "responses.json").read_text())["responses"]
 
 
 @pytest.fixture()
 def fake():
-    with FakeSerper() as f:
+    with FakeSerper(RESPONSES) as f:
         yield f
 
 
@@ -71,25 +32,26 @@ def client(fake: FakeSerper, tmp_path, **kw) -> SerperClient:
 
 def test_search_shape_matches_retrieve_and_is_cached(fake, tmp_path):
     with RunningServer(ServerConfig(), web=client(fake, tmp_path)) as srv:
-        body = {"queries": ["nobel prize", "moon landing"], "topk": 3, "return_scores": True}
+        body = {"queries": ["capital of France", "who discovered penicillin"], "topk": 3, "return_scores": True}
         first = requests.post(srv.url + "/search", json=body, timeout=30).json()
         again = requests.post(srv.url + "/search", json=body, timeout=30).json()
-        plain = requests.post(srv.url + "/search", json={"queries": ["nobel prize"], "topk": 3}, timeout=30)
+        plain = requests.post(srv.url + "/search", json={"queries": ["capital of France"], "topk": 3}, timeout=30)
     assert first == again and len(fake.calls) == 2  # the second request came from sqlite
-    assert fake.keys == ["test-key", "test-key"] and sorted(c["q"] for c in fake.calls) == ["moon landing", "nobel prize"]
+    assert fake.keys == ["test-key", "test-key"]
+    assert sorted(c["q"] for c in fake.calls) == ["capital of France", "who discovered penicillin"]
     assert fake.calls[0]["num"] == 3
     hits = first["result"][0]
     assert len(hits) == 3 and hits[0]["score"] > hits[1]["score"]
-    assert hits[0]["document"] == {"id": "https://example.org/1",
-                                   "contents": '"nobel prize result 1"\nsnippet 1 about nobel prize'}
+    top = RESPONSES["capital of France"]["organic"][0]
+    assert hits[0]["document"] == {"id": top["link"], "contents": f'"{top["title"]}"\n{top["snippet"]}'}
     assert plain.json()["result"][0] == [h["document"] for h in hits]
 
 
 def test_retries_429_and_5xx_then_succeeds(fake, tmp_path):
     fake.fail_with = [429, 500, 503]
-    c = client(fake, tmp_path, retries=3)
-    hits = c.search("retry me", 2)
+    hits = client(fake, tmp_path, retries=3).search("tallest mountain on earth", 2)
     assert len(hits) == 2 and len(fake.calls) == 4
+    assert hits[0]["document"]["id"] == "https://en.wikipedia.org/wiki/Mount_Everest"
 
 
 def test_gives_up_with_502_after_retries(fake, tmp_path):
@@ -102,8 +64,8 @@ def test_gives_up_with_502_after_retries(fake, tmp_path):
 
 
 def test_auth_error_is_not_retried(fake, tmp_path):
-    fake.fail_with = [403]
-    with RunningServer(ServerConfig(), web=client(fake, tmp_path)) as srv:
+    with RunningServer(ServerConfig(), web=SerperClient("wrong-key", url=fake.url,
+                                                        cache_path=tmp_path / "c.sqlite")) as srv:
         r = requests.post(srv.url + "/search", json={"queries": ["x"]}, timeout=30)
     assert r.status_code == 502 and "403" in r.json()["error"] and len(fake.calls) == 1
 
@@ -120,7 +82,42 @@ def test_without_key_is_503_with_message(monkeypatch, tmp_path):
 
 
 def test_env_configures_key_and_url(monkeypatch, fake, tmp_path):
-    monkeypatch.setenv("SERPER_API_KEY", "env-key")
+    monkeypatch.setenv("SERPER_API_KEY", "test-key")
     monkeypatch.setenv("SERPER_URL", fake.url)
     c = SerperClient.from_env(cache_path=tmp_path / "c.sqlite")
-    assert c.enabled and len(c.search("env", 1)) == 1 and fake.keys == ["env-key"]
+    assert c.enabled and len(c.search("capital of France", 1)) == 1 and fake.keys == ["test-key"]
+
+
+def _agent_searches(cfg, queries: list[str]):
+    async def main():
+        tools = get_toolset(cfg)
+        try:
+            return await asyncio.gather(*[tools.search.search(q) for q in queries])
+        finally:
+            await tools.close()
+    return asyncio.run(main())
+
+
+def test_agent_web_backend_goes_through_the_search_proxy(fake, tmp_path, monkeypatch):
+    """agent (search_backend: web) → retriever_server /search → Serper: one wire format, the key
+    only in the proxy's environment, concurrent agent searches coalesced into one request."""
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)  # the agent side holds no key
+    with RunningServer(ServerConfig(), web=client(fake, tmp_path)) as srv:
+        cfg = config_from_dict({"search_backend": "web", "web_search_url": srv.url + "/search", "topk": 2,
+                                "batch_window_ms": 50, "retries": 0})
+        france, penicillin = _agent_searches(cfg, ["capital of France", "who discovered penicillin"])
+        metrics = requests.get(srv.url + "/metrics", timeout=10).json()
+    organic = RESPONSES["capital of France"]["organic"]  # Search-R1 keeps the title line's quotes
+    assert [d.title for d in france] == [f'"{o["title"]}"' for o in organic[:2]]
+    assert france[0].id == organic[0]["link"] and france[0].text == organic[0]["snippet"]
+    assert penicillin[0].title == '"Alexander Fleming - Wikipedia"'
+
+    assert metrics["requests"] == {"/search": 1} and metrics["queries"] == 2  # one coalesced request
+    assert fake.keys == ["test-key", "test-key"]
+
+
+def test_agent_config_refuses_serper_url_and_the_removed_cache_key():
+    with pytest.raises(ConfigError, match="retriever_server's /search proxy"):
+        config_from_dict({"search_backend": "web", "web_search_url": "https://google.serper.dev/search"})
+    with pytest.raises(ConfigError, match="'web_cache_path' was removed: the /search proxy caches"):
+        config_from_dict({"web_cache_path": "~/.cache/x.sqlite"})

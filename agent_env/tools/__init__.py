@@ -1,7 +1,9 @@
-"""Async tool clients (retriever, web search, sandbox) and the per-process ToolSet.
+"""Async tool clients (retriever, sandbox) and the per-process ToolSet.
 
 OpenRLHF builds a fresh AgentInstance per trajectory, so clients are shared through
-`get_toolset(config)`: one connection pool and one retriever batcher per process.
+`get_toolset(config)`: one connection pool and one retriever batcher per process. The `web`
+search backend is the same `/retrieve`-format client pointed at retriever_server's `/search`
+proxy, which owns the Serper key and cache (why: retriever_server/websearch.py).
 """
 
 from __future__ import annotations
@@ -10,10 +12,9 @@ from agent_env.config import AgentConfig
 from agent_env.tools.http import HttpPolicy, JsonHttp, ToolError
 from agent_env.tools.retriever import RetrieverClient
 from agent_env.tools.sandbox import SandboxClient
-from agent_env.tools.web_search import WebSearchClient
 
-__all__ = ["ToolSet", "ToolError", "get_toolset", "RetrieverClient", "SandboxClient", "WebSearchClient",
-           "JsonHttp", "HttpPolicy"]
+__all__ = ["ToolSet", "ToolError", "get_toolset", "RetrieverClient", "SandboxClient", "JsonHttp",
+           "HttpPolicy"]
 
 
 class ToolSet:
@@ -23,11 +24,9 @@ class ToolSet:
         policy = HttpPolicy(timeout_s=cfg.request_timeout_s, retries=cfg.retries, backoff_s=cfg.backoff_s,
                             max_connections=cfg.max_connections)
         self.http = JsonHttp(policy)
-        if cfg.search_backend == "web":
-            self.search = WebSearchClient(cfg.web_search_url, self.http, cfg.web_cache_path, topk=cfg.topk)
-        else:
-            self.search = RetrieverClient(cfg.retriever_url, self.http, topk=cfg.topk,
-                                          window_s=cfg.batch_window_ms / 1000.0, max_batch=cfg.max_batch)
+        url = cfg.web_search_url if cfg.search_backend == "web" else cfg.retriever_url
+        self.search = RetrieverClient(url, self.http, topk=cfg.topk, window_s=cfg.batch_window_ms / 1000.0,
+                                      max_batch=cfg.max_batch)
         self.sandbox = SandboxClient(cfg.sandbox_url, self.http, run_timeout_s=cfg.code_timeout_s)
 
     async def close(self) -> None:

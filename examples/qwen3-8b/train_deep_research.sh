@@ -2,13 +2,17 @@
 # Deep-research agent: Stratified GRPO on Qwen3-8B with Google search (Serper, cached) and the
 # code sandbox, VerlTool-like settings: up to 10 turns, long responses (16k tokens in all),
 # strata = (search calls, code calls) signature. Not a paper table; a recipe for the tool stack.
+# Google search goes through retriever_server's /search proxy, which alone holds the Serper key
+# and one answer cache for all workers; start it first on the tools host:
+#   SERPER_API_KEY=... python -m retriever_server.serve --host 0.0.0.0 --port 8000 --web-cache serper.sqlite
 #
-#   SERPER_API_KEY=... SANDBOX_URL=http://tools-host:8080/run_code ./train_deep_research.sh
+#   WEB_SEARCH_URL=http://tools-host:8000/search SANDBOX_URL=http://tools-host:8080/run_code ./train_deep_research.sh
 #   DRY_RUN=1 ./train_deep_research.sh   # parsed config only (no Ray, no GPU, no key needed)
 # The agent renders the deep-research prompt itself (it offers <code> only with that template),
 # so OpenRLHF feeds it the raw question: --data.input_key question.
 # Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep, from prepare_qa.py qa
-# --template deep_research), SANDBOX_URL, NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH, STEPS (200),
+# --template deep_research), WEB_SEARCH_URL (http://127.0.0.1:8000/search), SANDBOX_URL,
+# NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH, STEPS (200),
 # plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
@@ -23,21 +27,18 @@ readonly TP=2                        # vLLM tensor parallel size for the 8B poli
 MODEL="${MODEL:-Qwen/Qwen3-8B}"
 DATA_DIR="${DATA_DIR:-$HOME/data/sgrpo-deep}"
 SANDBOX_URL="${SANDBOX_URL:-http://127.0.0.1:8080/run_code}"
+WEB_SEARCH_URL="${WEB_SEARCH_URL:-http://127.0.0.1:8000/search}"
 NUM_NODES="${NUM_NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 STEPS="${STEPS:-200}"
 RUN_NAME="${RUN_NAME:-deep-research-qwen3-8b}"
 SAVE_PATH="${SAVE_PATH:-./runs/$RUN_NAME}"
-if [ "${DRY_RUN:-0}" != 1 ] && [ -z "${SERPER_API_KEY:-}" ]; then
-  echo "error: SERPER_API_KEY is not set (https://serper.dev); the agent searches Google through it" >&2
-  exit 2
-fi
-
 export SGRPO_AGENT_CONFIG="$SAVE_PATH/agent_config.yaml"
 render_agent_config "$EXAMPLES_DIR/configs/deep_research.yaml" "$SGRPO_AGENT_CONFIG" \
-  "sandbox_url=$SANDBOX_URL" "max_turns=$MAX_TURNS" "max_obs_tokens=$TOKENS_PER_OBS" \
-  "max_tokens_per_turn=$TOKENS_PER_TURN"
+  "sandbox_url=$SANDBOX_URL" "web_search_url=$WEB_SEARCH_URL" "max_turns=$MAX_TURNS" \
+  "max_obs_tokens=$TOKENS_PER_OBS" "max_tokens_per_turn=$TOKENS_PER_TURN"
 wait_for_health "$(health_url "$SANDBOX_URL")"
+wait_for_health "$(health_url "$WEB_SEARCH_URL")"
 
 gpus=$((NUM_NODES * GPUS_PER_NODE))
 args=(
