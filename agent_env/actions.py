@@ -51,8 +51,7 @@ def strip_code_fence(code: str) -> str:
     if newline and _FENCE_LANG.fullmatch(first.strip()):
         body = rest
     body = body.rstrip()
-    if body.endswith("```"):
-        body = body[:-3]
+    body = body.removesuffix("```")
     return body.strip("\n")
 
 

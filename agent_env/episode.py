@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 
 from agent_env import info_keys as K
 from agent_env import metadata as M
-from agent_env.actions import ANSWER, CODE, INVALID, NONE, SEARCH, Action, corrective_observation, parse_action
+from agent_env.actions import (
+    ANSWER,
+    CODE,
+    INVALID,
+    NONE,
+    SEARCH,
+    Action,
+    corrective_observation,
+    parse_action,
+)
 from agent_env.config import AgentConfig
 from agent_env.observations import Truncator, format_docs, information_block, result_block
 from agent_env.rewards import METRICS, FormatCoefficients, exact_match, format_reward, token_f1

@@ -10,8 +10,8 @@ observation as a whole (docs/agent_env.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 Truncator = Callable[[str], str]
 

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from openrlhf_sgrpo.testing import install_gpu_import_stubs  # noqa: E402
+from openrlhf_sgrpo.testing import install_gpu_import_stubs
 
 
 def make_batches(prompts: int, n: int, micro: int, resp_len: int, seed: int = 0) -> list:

@@ -22,8 +22,8 @@ import threading
 import time
 
 import requests
-
 from retriever_qps import add_index_args, index_from_args
+
 from retriever_server.background import ServerProcess
 
 MODES = {"one-forward": ("--max-batch", "4096", "--max-batch-tokens", str(1 << 30)), "micro-batches": ()}

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from retriever_server.background import ServerProcess
 from retriever_server.build_index import build_index
 from retriever_server.corpora import split_contents, wiki_extracts_path, wiki_extracts_to_jsonl
-from retriever_server.background import ServerProcess
 
 
 def minilm() -> str:

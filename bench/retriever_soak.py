@@ -29,8 +29,8 @@ import time
 from contextlib import ExitStack
 
 import requests
-
 from retriever_qps import add_index_args, index_from_args
+
 from retriever_server.background import ServerProcess
 
 NO_TRIM = ("--malloc-trim-interval-s", "0")

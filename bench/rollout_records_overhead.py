@@ -18,18 +18,18 @@ import argparse
 import copy
 import statistics
 import sys
-import time
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from advantage_speed import _install_stubs  # noqa: E402  (vllm/flash_attn import stand-ins)
+from advantage_speed import _install_stubs
 
-from agent_env import info_keys as K  # noqa: E402
-from agent_env import metadata as M  # noqa: E402
+from agent_env import info_keys as K
+from agent_env import metadata as M
 
 MAX_TURNS, TOPK = 4, 3
 PROMPT, ACTION, OBS, ANSWER = 220, 60, 150, 30

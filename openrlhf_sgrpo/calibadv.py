@@ -57,7 +57,7 @@ class CalibAdvConfig:
             raise ValueError(message)
 
 
-def config_errors(cfg: "CalibAdvConfig | Any", prefix: str = "") -> list[str]:
+def config_errors(cfg: CalibAdvConfig | Any, prefix: str = "") -> list[str]:
     """Every problem with a CalibAdv setting (any object with its fields, e.g. parsed CLI args)."""
     errors = []
     if not (math.isfinite(cfg.silver_f1) and 0.0 <= cfg.silver_f1 <= 1.0):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from openrlhf_sgrpo.advantages import segment_moments, make_segments, normalized_advantages, validate_inputs
+from openrlhf_sgrpo.advantages import make_segments, normalized_advantages, segment_moments, validate_inputs
 
 # Strata whose reward spread is below this are "constant": SAN gives them 0, so Theorem 4's
 # unit variance does not apply to them.

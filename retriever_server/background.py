@@ -37,7 +37,7 @@ class RunningServer:
         self.host, self.port = host, port
         self.url = ""
 
-    def start(self) -> "RunningServer":
+    def start(self) -> RunningServer:
         from .app import create_app
         from .http_server import HttpServer
 
@@ -71,7 +71,7 @@ class RunningServer:
         self._stop.set()
         self._thread.join(timeout=self.config.http.drain_s + STOP_MARGIN_S)
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -86,7 +86,7 @@ class ServerProcess:
         self.args, self.timeout, self.env = list(args), startup_timeout_s, env
         self.url = ""
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         cmd = [sys.executable, "-m", "retriever_server.serve", "--port", "0", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(self.env or {})})

@@ -19,9 +19,10 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

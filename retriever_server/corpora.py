@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 class CorpusError(ValueError):

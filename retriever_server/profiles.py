@@ -30,7 +30,7 @@ class Profile:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 

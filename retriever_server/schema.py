@@ -10,8 +10,9 @@ empty ``queries`` list when no rollout searched in a turn, which must answer ``{
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 
 class BadRequest(ValueError):

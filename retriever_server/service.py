@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Sequence
 
 from .batching import DynamicBatcher
 from .cache import LRUCache

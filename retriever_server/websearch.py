@@ -11,7 +11,7 @@ answers like ``/retrieve``, the agent's ``web`` backend is its ``/retrieve`` cli
 ``/search`` (``agent_env.tools.RetrieverClient``): one wire format, over HTTP only, so this
 package still ships alone.
 
-``SERPER_URL`` overrides the endpoint (tests point it at :class:`retriever_server.testing.FakeSerper`).
+``SERPER_URL`` overrides the endpoint (tests point it at ``tests/fake_serper.py``).
 Answers are cached in sqlite (repeated rollout queries cost nothing); 429 and 5xx are retried with
 exponential backoff (``Retry-After`` honoured, capped).
 """
@@ -24,9 +24,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import requests
 
@@ -99,7 +100,7 @@ class SerperClient:
         self.upstream_calls = 0
 
     @classmethod
-    def from_env(cls, cache_path: str | Path | None = None, **kw: Any) -> "SerperClient":
+    def from_env(cls, cache_path: str | Path | None = None, **kw: Any) -> SerperClient:
         return cls(os.environ.get("SERPER_API_KEY") or None, url=os.environ.get("SERPER_URL") or None,
                    cache_path=cache_path, **kw)
 

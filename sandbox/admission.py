@@ -9,8 +9,8 @@ and later request away (503), so no run is cut and no client waits for nothing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class QueueFull(RuntimeError):

@@ -16,7 +16,15 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from .admission import Admission, Closed, QueueFull
-from .api import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, Outcome, RequestError, RequestLimits, parse_run_request, to_response
+from .api import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ExecResult,
+    Outcome,
+    RequestError,
+    RequestLimits,
+    parse_run_request,
+    to_response,
+)
 from .backends.base import Backend, Guarantees
 from .metrics import Metrics
 

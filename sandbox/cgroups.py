@@ -16,8 +16,8 @@ import os
 import queue
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 KILL_DEADLINE_S = 5.0
 

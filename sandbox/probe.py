@@ -38,7 +38,7 @@ print(json.dumps(r))
 PROBED = ("no_network", "readonly_root", "private_workdir", "non_root_user", "rlimits")
 
 
-def run_probe(backend: "Backend", g: "Guarantees", uid_is_host_non_root: bool = True) -> None:
+def run_probe(backend: Backend, g: Guarantees, uid_is_host_non_root: bool = True) -> None:
     """Run PROBE_CODE through `backend.run` and record each fact in `g`."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))

@@ -63,7 +63,7 @@ class SandboxProcess:
             raise
         return self.url
 
-    def __enter__(self) -> "SandboxProcess":
+    def __enter__(self) -> SandboxProcess:
         self.start()
         return self
 

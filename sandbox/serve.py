@@ -17,7 +17,13 @@ import sys
 from dataclasses import dataclass, field
 
 from .admission import Admission
-from .api import DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_RUN_TIMEOUT_S, MIN_MEMORY_MB, RequestLimits
+from .api import (
+    DEFAULT_MAX_MEMORY_MB,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_RUN_TIMEOUT_S,
+    MIN_MEMORY_MB,
+    RequestLimits,
+)
 from .app import create_app
 from .backends import make_backend
 from .backends.base import Backend, EnvironmentMissing, Guarantees, IsolationError

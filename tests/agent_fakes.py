@@ -53,7 +53,7 @@ class MiniToolServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}{path}"
 
-    def __enter__(self) -> "MiniToolServer":
+    def __enter__(self) -> MiniToolServer:
         self._thread.start()
         return self
 

@@ -12,8 +12,9 @@ import importlib.util
 import logging
 import re
 import string
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 # ---------------------------------------------------------------- Search-R1 observation

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from agent_fakes import MiniToolServer, ScriptedEngine
 
 from agent_env.config import AgentConfig
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_fakes import MiniToolServer, ScriptedEngine
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo.calibadv import CalibAdvConfig
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
@@ -111,7 +111,7 @@ ALPHA = 0.6
 
 def adv_config():
     """The trainer's advantage config for these runs: Stratified GRPO, alpha 0.6, CalibAdv on."""
-    from openrlhf_sgrpo.local.advantage import AdvantageConfig
+    from openrlhf_sgrpo.local.experience_maker import AdvantageConfig
 
     return AdvantageConfig(estimator="stratified_grpo", alpha=ALPHA, calibadv=CalibAdvConfig())
 
@@ -142,8 +142,8 @@ def execute(cfg: AgentConfig, tokenizer, prompts: list[ScriptedPrompt]) -> list[
 
 def _token_advantages(samples, adv, pad_id: int) -> list[torch.Tensor]:
     """The runner's token path: upstream compute_reward + returns, then CalibAdv (as in _update)."""
-    from openrlhf_sgrpo.local.advantage import apply_calibadv, token_advantages
     from openrlhf_sgrpo.local.experience import collate
+    from openrlhf_sgrpo.local.experience_maker import apply_calibadv, token_advantages
 
     mask = collate(samples, pad_id).action_mask
     token_adv = token_advantages(adv.advantages, mask)
@@ -154,13 +154,13 @@ def _token_advantages(samples, adv, pad_id: int) -> list[torch.Tensor]:
 def scripted_run(run_dir: str | Path, tokenizer) -> dict[str, list[dict]]:
     """Write ``run_dir/rollouts`` (2 train steps, 1 eval) and ``metrics.jsonl``; return the
     written group records by ``'<phase>/<step>'``."""
-    from openrlhf_sgrpo.local.advantage import sample_advantages
     from openrlhf_sgrpo.local.experience import tensorize_response
-    from openrlhf_sgrpo.local.metrics_log import MetricsLogger
+    from openrlhf_sgrpo.local.experience_maker import sample_advantages
+    from openrlhf_sgrpo.local.step_log import StepLogger
 
     run_dir = Path(run_dir)
     writer = RolloutWriter(run_dir)
-    logger = MetricsLogger(run_dir, tensorboard=False, use_wandb=False)
+    logger = StepLogger(run_dir, tensorboard=False, use_wandb=False)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     written: dict[str, list[dict]] = {}
     with MiniToolServer(CORPUS) as srv:

@@ -1,9 +1,9 @@
 """Table-driven tests of the action parser (agent_env.actions)."""
 
 import pytest
+from peer_rules import SEARCH_R1_INVALID_ACTION
 
 from agent_env.actions import STOP_STRINGS, corrective_observation, parse_action, strip_code_fence
-from peer_rules import SEARCH_R1_INVALID_ACTION
 
 ALL = ("search", "code", "answer")
 SR1 = ("search", "answer")

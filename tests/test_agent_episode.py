@@ -6,13 +6,13 @@ import asyncio
 import socket
 
 import pytest
+from agent_fakes import MiniToolServer, ScriptedEngine
+from peer_rules import search_r1_search_observation
 
 from agent_env import info_keys as K
 from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_fakes import MiniToolServer, ScriptedEngine
-from peer_rules import search_r1_search_observation
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams

@@ -8,11 +8,11 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peer_rules import search_r1_search_observation
 
 from agent_env.observations import char_truncator, format_docs, information_block
 from agent_env.tools.retriever import parse_retrieve_response
 from openrlhf_sgrpo.assets import shared_data
-from peer_rules import search_r1_search_observation
 
 CORPORA = [("wiki_corpus", "wiki18_sample1000.jsonl"), ("hotpotqa", "corpus_hipporag100.jsonl"),
            ("musique", "corpus_hipporag100.jsonl")]

@@ -11,12 +11,12 @@ import types
 
 import pytest
 import torch
+from agent_fakes import MiniToolServer
 
 from agent_env import info_keys as K
 from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_fakes import MiniToolServer
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine

@@ -4,8 +4,17 @@ import pytest
 
 from agent_env.actions import answer_of
 from agent_env.rewards import (
-    FormatCoefficients, exact_match, format_reward, gaia_match, gaia_score, is_valid_sequence, normalize_answer,
-    parse_golds, retrieval_hit, sub_exact_match, token_f1,
+    FormatCoefficients,
+    exact_match,
+    format_reward,
+    gaia_match,
+    gaia_score,
+    is_valid_sequence,
+    normalize_answer,
+    parse_golds,
+    retrieval_hit,
+    sub_exact_match,
+    token_f1,
 )
 
 

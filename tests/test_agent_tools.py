@@ -4,9 +4,9 @@ import asyncio
 import socket
 
 import pytest
+from agent_fakes import MiniToolServer
 
 from agent_env.config import ConfigError, config_from_dict, load_config
-from agent_fakes import MiniToolServer
 from agent_env.tools import HttpPolicy, JsonHttp, RetrieverClient, SandboxClient, ToolError
 
 CORPUS = [

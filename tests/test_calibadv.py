@@ -41,7 +41,7 @@ def group_all_positive():
 
 def tensors(*groups):
     cols = list(zip(*groups))
-    cat = lambda i, dt: torch.tensor([row for g in cols[i] for row in g], dtype=dt)  # noqa: E731
+    cat = lambda i, dt: torch.tensor([row for g in cols[i] for row in g], dtype=dt)
     kind, start, end = (cat(i, torch.long) for i in range(3))
     docs, adv = cat(3, torch.long), cat(4, torch.float32)
     adv = torch.nn.functional.pad(adv, (0, W - adv.shape[1]))
@@ -147,9 +147,10 @@ def test_bad_shapes_are_refused():
 
 def agent_experiences(group):
     """One Experience per rollout, info slots written as the agent does (token-space ranges)."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
     from agent_env import info_keys as K
     from agent_env import metadata as M
-    from openrlhf.trainer.ppo_utils.experience import Experience
 
     kind, start, end, docs, _, f1, fmt = group
     rewards = [1.0, 0.0, 0.2]

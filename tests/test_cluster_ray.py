@@ -276,12 +276,15 @@ def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, polic
 
 
 def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy_dir, agent_func_path, retriever):
-    from agent_env import info_keys as K
     from openrlhf.trainer.ppo_trainer import PPOTrainer
-    from openrlhf.trainer.ppo_utils.experience import (make_experience_batch, remove_padding_in_sequences,
-                                                       split_experience_batch)
+    from openrlhf.trainer.ppo_utils.experience import (
+        make_experience_batch,
+        remove_padding_in_sequences,
+        split_experience_batch,
+    )
     from openrlhf.utils import get_strategy
 
+    from agent_env import info_keys as K
     from openrlhf_sgrpo.advantages import stratified_advantages
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY
     from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from peer_rules import official_gaia_question_scorer
 
 from agent_env.config import config_from_dict
 from agent_env.episode import Episode
@@ -17,7 +18,6 @@ from openrlhf_sgrpo.eval.gaia import load_gaia
 from openrlhf_sgrpo.eval.table import qa_table
 from openrlhf_sgrpo.local.data import DataError, load_flashrag_jsonl
 from openrlhf_sgrpo.local.rollout import label_of
-from peer_rules import official_gaia_question_scorer
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gaia" / "metadata.jsonl"
 

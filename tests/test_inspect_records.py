@@ -12,17 +12,22 @@ import json
 import random
 
 import pytest
+import scripted_rollouts as scripted
 import torch
+from agent_fakes import MiniToolServer
 
 from agent_env import info_keys as K
-from agent_fakes import MiniToolServer
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.advantages import stratified_advantages
-import scripted_rollouts as scripted
 from openrlhf_sgrpo.rollout_records.build import SCHEMA_VERSION, RecordLimits
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
-from openrlhf_sgrpo.rollout_records.store import (RecordError, RolloutWriter, list_step_files, read_step_file,
-                                                  step_path)
+from openrlhf_sgrpo.rollout_records.store import (
+    RecordError,
+    RolloutWriter,
+    list_step_files,
+    read_step_file,
+    step_path,
+)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +200,7 @@ def test_cluster_dump_of_openrlhf_experiences_matches_the_local_records(tok, tmp
     samples = [tensorize_response(r, scripted.MAX_LEN) for r in responses]
     want = records_from_samples(samples, tok, n, phase="train", step=1, adv_cfg=opts, max_groups=2)
     assert [g["group"] for g in got] == [0, 1]
-    strip = lambda gs: [{**g, "samples": [{**s, "turns": [{k: v for k, v in t.items() if k != "adv_mean"}  # noqa: E731
+    strip = lambda gs: [{**g, "samples": [{**s, "turns": [{k: v for k, v in t.items() if k != "adv_mean"}
                                                           for t in s["turns"]]} for s in g["samples"]]} for g in gs]
     assert _rounded(strip(got)) == _rounded(strip(want))
     # token advantages came from experience.advantages: every turn's mean is the sample's advantage

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import scripted_rollouts as scripted
 
 from agent_env.actions import strip_think
 from openrlhf_sgrpo import assets
@@ -25,7 +26,6 @@ from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium
 from openrlhf_sgrpo.inspect.curves import CURVES, curves_html, series
 from openrlhf_sgrpo.inspect.load import StepRecords, load_run, thin_steps
 from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
-import scripted_rollouts as scripted
 from openrlhf_sgrpo.rollout_records.store import list_step_files, read_step_file, step_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def report(run_dir):
 
 def test_report_is_self_contained_and_keeps_model_text_inert(report):
     html = report.read_text(encoding="utf-8")
-    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", html, re.I)
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)\s*=", html, re.IGNORECASE)
     assert "http://" not in html.split('<script id="rollout-data"')[0]  # no external reference in the markup
     assert html.count("</script>") == 3  # the error hook, the data, the code: model text closes none
     assert scripted.HOSTILE not in html and "\\u003c/script\\u003e" in html

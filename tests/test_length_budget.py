@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agent_fakes import ScriptedEngine
 
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
 from agent_env.executor import AgentExecutor
 from agent_env.templates import search_r1_base
 from agent_env.tools import get_toolset
-from agent_fakes import ScriptedEngine
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
 
@@ -65,7 +65,7 @@ def long_passage_retriever(tmp_path_factory):
 
 def exactly(tok, action: str, n_tokens: int) -> str:
     """``<think>`` filler before ``action`` so the whole turn is exactly ``n_tokens`` tokens."""
-    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    count = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
     k = 0
     while count(f"<think>{FILLER * k}</think>{action}") < n_tokens:
         k += 1

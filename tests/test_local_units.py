@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from openrlhf_sgrpo.advantages import compute_stratified
-from openrlhf_sgrpo.local import upstream
 from openrlhf.utils.loss_utils import iter_grad_accum_global_norm
 
 from agent_env import info_keys as K
 from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig
-from openrlhf_sgrpo.local.checkpoint import checkpoint_dirs, latest_checkpoint, load_checkpoint, save_checkpoint
+from openrlhf_sgrpo.local import upstream
+from openrlhf_sgrpo.local.checkpoint import (
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.experience import collate, tensorize_response
 from openrlhf_sgrpo.local.experience_maker import (
@@ -31,7 +35,7 @@ from openrlhf_sgrpo.local.experience_maker import (
     token_advantages,
 )
 from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_probs
-from openrlhf_sgrpo.local.timing import union_length, uncovered_length
+from openrlhf_sgrpo.local.timing import uncovered_length, union_length
 from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
 from openrlhf_sgrpo.sapo import SAPOConfig
 from openrlhf_sgrpo.testing import shifted_seed

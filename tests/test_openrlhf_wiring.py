@@ -63,7 +63,7 @@ def make_experiences(seed=0, micro=2, tool_gap=0):
     for k in range(0, total, micro):
         chunk = singles[k:k + micro]
         width = max(e.action_mask.shape[1] for e in chunk)
-        pad = lambda t, v=0: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)  # noqa: E731
+        pad = lambda t, v=0: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)
         batches.append(Experience(
             sequences=torch.cat([pad(e.sequences) for e in chunk]),
             action_mask=torch.cat([pad(e.action_mask) for e in chunk]),
@@ -136,7 +136,6 @@ def test_peer_check_alpha0_equals_upstream_estimator(ours, upstream_name, extra)
 def test_agent_turn_slots_leave_info_after_advantages_counters_stay():
     """OpenRLHF logs (and all-reduces) every info tensor: per-turn slots must not reach it."""
     from agent_env import info_keys as K
-
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 
     exps, _, _ = make_experiences(seed=7)
@@ -219,9 +218,13 @@ def test_trainers_build_our_experience_maker_with_upstreams_arguments():
     """What the sync trainer and the async training actor add to BasePPOTrainer.__init__."""
     from types import SimpleNamespace
 
-    import openrlhf.trainer.ppo_trainer as ppo_trainer
+    from openrlhf.trainer import ppo_trainer
 
-    from openrlhf_sgrpo.openrlhf_ext.actors import SGRPOPPOTrainerImpl, SGRPOTrainingActorImpl, _StratifiedMakerMixin
+    from openrlhf_sgrpo.openrlhf_ext.actors import (
+        SGRPOPPOTrainerImpl,
+        SGRPOTrainingActorImpl,
+        _StratifiedMakerMixin,
+    )
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 
     assert _StratifiedMakerMixin in SGRPOPPOTrainerImpl.__mro__ and _StratifiedMakerMixin in SGRPOTrainingActorImpl.__mro__
@@ -267,7 +270,11 @@ def test_installed_openrlhf_matches_the_upstream_contract():
 def test_contract_violations_name_what_broke():
     import types
 
-    from openrlhf_sgrpo.openrlhf_ext.upstream_contract import UpstreamName, contract_violations, main_block_violations
+    from openrlhf_sgrpo.openrlhf_ext.upstream_contract import (
+        UpstreamName,
+        contract_violations,
+        main_block_violations,
+    )
 
     broken = (UpstreamName("openrlhf.trainer.ppo_trainer", "NoSuchTrainer", why="renamed upstream"),
               UpstreamName("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.__init__", ("PolicyModelActor",)))
@@ -297,7 +304,7 @@ def test_ray_runtime_env_has_no_worker_start_code_and_forwards_the_agent_config(
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
     monkeypatch.setenv("SGRPO_AGENT_CONFIG", "/runs/x/agent_config.yaml")
-    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    monkeypatch.setenv("SERPER_API_KEY", "secret")  # the /search proxy's, never the workers'
     env = ray_runtime_env()
     assert set(env) == {"env_vars"}
     assert env["env_vars"]["SGRPO_AGENT_CONFIG"] == "/runs/x/agent_config.yaml"

@@ -56,7 +56,7 @@ def exchange(port: int, raw: bytes) -> tuple[int, dict, bytes]:
 def closed_by_server(s: socket.socket) -> bool:
     try:
         return s.recv(1) == b""
-    except (ConnectionResetError, socket.timeout):
+    except (TimeoutError, ConnectionResetError):
         return False
 
 

@@ -16,13 +16,13 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from retriever_server.background import RunningServer, ServerProcess
 from retriever_server.build_index import build_index
 from retriever_server.config import ServerConfig
+from retriever_server.corpora import split_contents, wiki_extracts_path, wiki_extracts_to_jsonl
 from retriever_server.encoder import load_encoder
 from retriever_server.profiles import resolve_profile
-from retriever_server.corpora import split_contents, wiki_extracts_path, wiki_extracts_to_jsonl
 from retriever_server.retriever import IndexMismatch, Retriever
-from retriever_server.background import RunningServer, ServerProcess
 
 # Questions a person would ask about an article, and the article that answers them.
 QUESTIONS = {
@@ -255,7 +255,8 @@ def test_import_prebuilt_faiss_index_serves_the_same_results(wiki_index, wiki_co
     """A bare FAISS file plus its corpus (how Search-R1 ships wiki-18's e5_Flat.index) becomes a
     servable folder without re-encoding, and answers exactly like the index it came from."""
     from retriever_server.build_index import BuildError
-    from retriever_server.import_index import import_index, main as import_main
+    from retriever_server.import_index import import_index
+    from retriever_server.import_index import main as import_main
 
     prebuilt = tmp_path / "e5_Flat.index"
     shutil.copyfile(wiki_index / "index.faiss", prebuilt)

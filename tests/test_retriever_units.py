@@ -13,8 +13,15 @@ from retriever_server.batching import DynamicBatcher
 from retriever_server.cache import LRUCache
 from retriever_server.corpora import CorpusError, iter_corpus, split_contents
 from retriever_server.docstore import DocStore, write_docstore
-from retriever_server.faiss_index import (INDEX_TYPES, FaissSearcher, TorchMatmulSearcher, build_from_chunks,
-                                          flat_vectors, read_index, write_index)
+from retriever_server.faiss_index import (
+    INDEX_TYPES,
+    FaissSearcher,
+    TorchMatmulSearcher,
+    build_from_chunks,
+    flat_vectors,
+    read_index,
+    write_index,
+)
 from retriever_server.profiles import resolve_profile
 from retriever_server.schema import BadRequest, Limits, format_result, parse_request
 
@@ -227,7 +234,7 @@ def test_torch_matmul_matches_faiss_flat(tmp_path):
 
 def test_meta_json_roundtrip_fields(tmp_path):
     """The fields the server checks at startup are the ones build_index writes (kept in one place)."""
-    from retriever_server.retriever import load_meta, IndexMismatch
+    from retriever_server.retriever import IndexMismatch, load_meta
 
     with pytest.raises(IndexMismatch, match="not a finished index"):
         load_meta(tmp_path)

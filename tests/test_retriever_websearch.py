@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from fake_serper import FakeSerper
 
 from agent_env.config import ConfigError, config_from_dict
 from agent_env.tools import get_toolset
 from retriever_server.background import RunningServer
 from retriever_server.config import ServerConfig
-from retriever_server.testing import FakeSerper
 from retriever_server.websearch import SerperClient
 
 RESPONSES = json.loads((Path(__file__).parent / "fixtures" / "serper" / "responses.json").read_text())["responses"]

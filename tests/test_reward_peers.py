@@ -15,12 +15,15 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peer_rules import (
+    official_gaia_question_scorer,
+    search_r1_em,
+    search_r1_retrieval_correct,
+    search_r1_subem,
+)
 
 from agent_env.rewards import exact_match, gaia_score, retrieval_hit, sub_exact_match, token_f1
 from openrlhf_sgrpo.assets import shared_data
-from peer_rules import (
-    official_gaia_question_scorer, search_r1_em, search_r1_retrieval_correct, search_r1_subem,
-)
 
 SETTINGS = settings(max_examples=400, deadline=None)
 

@@ -200,16 +200,14 @@ def test_admission_bounds_and_close():
         t.start()
         while adm.waiting == 0:
             entered.wait(0.01)
-        with pytest.raises(QueueFull):
-            with adm.slot():
-                pass
+        with pytest.raises(QueueFull), adm.slot():
+            pass
         adm.close()  # the waiter is turned away; the running slot is kept
         t.join(10)
         assert outcome == ["closed"] and adm.running == 1
     assert adm.rejected == 1 and adm.running == 0
-    with pytest.raises(Closed):
-        with adm.slot():
-            pass
+    with pytest.raises(Closed), adm.slot():
+        pass
 
 
 def test_responses_are_json_even_for_unknown_routes(service):

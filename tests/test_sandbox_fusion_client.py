@@ -27,9 +27,9 @@ import base64
 import pytest
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (a test dependency)")
-from sandbox_fusion import RunCodeRequest, RunCodeResponse, run_code, run_code_async  # noqa: E402
+from sandbox_fusion import RunCodeRequest, RunCodeResponse, run_code, run_code_async
 
-from sandbox.process import SandboxProcess, SandboxStartError  # noqa: E402
+from sandbox.process import SandboxProcess, SandboxStartError
 
 SERVICE_ARGS = ["--max-memory-mb", "64", "--max-run-timeout-s", "5"]
 

@@ -120,7 +120,7 @@ class TablePolicy(torch.nn.Module):
 
 
 def make_trainer(monkeypatch, *flags):
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor
+    from openrlhf.trainer.ray import ppo_actor
 
     from openrlhf_sgrpo.cli.train_ppo_ray import parse_config
     from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch
@@ -179,7 +179,7 @@ def test_actor_with_sapo_adds_the_term_and_logs_it(openrlhf_gpu_stubs, monkeypat
         logp = actor(exp.sequences, exp.action_mask)[0]
     base = PolicyLoss()(logp, exp.action_log_probs, adv, action_mask=exp.action_mask)[0]
     status = trainer.training_step(exp, 0.0, 0)
-    k3 = lambda r: r - 1 - LOG(r)  # noqa: E731
+    k3 = lambda r: r - 1 - LOG(r)
     term = 0.5 * (k3(0.4) + k3(0.5) + k3(0.2) + k3(0.1) + k3(0.45)) / 8
     assert float(losses[0]) == pytest.approx(float(base) + term, rel=1e-5)
     m, w = status["metrics"], status["weights"]

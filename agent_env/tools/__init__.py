@@ -13,8 +13,15 @@ from agent_env.tools.http import HttpPolicy, JsonHttp, ToolError
 from agent_env.tools.retriever import RetrieverClient
 from agent_env.tools.sandbox import SandboxClient
 
-__all__ = ["ToolSet", "ToolError", "get_toolset", "RetrieverClient", "SandboxClient", "JsonHttp",
-           "HttpPolicy"]
+__all__ = [
+    "HttpPolicy",
+    "JsonHttp",
+    "RetrieverClient",
+    "SandboxClient",
+    "ToolError",
+    "ToolSet",
+    "get_toolset",
+]
 
 
 class ToolSet:

@@ -42,7 +42,7 @@ run_cli() {
   fi
   local env_json
   env_json="$("$PYTHON" -c 'import json, os, sys
-keys = ["SGRPO_AGENT_CONFIG", "SERPER_API_KEY", "HF_HOME", "WANDB_API_KEY"]
+keys = ["SGRPO_AGENT_CONFIG", "HF_HOME", "WANDB_API_KEY"]  # no SERPER_API_KEY: the /search proxy holds it
 print(json.dumps({"env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))')"
   echo "[launch] ray job submit --address=$RAY_ADDRESS -- python ${cli[*]}" >&2
   exec ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$env_json" -- python "${cli[@]}"

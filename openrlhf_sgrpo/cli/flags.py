@@ -80,6 +80,6 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
 
 
 # SAPO and CalibAdv flags live in their own module (imported last: it needs register_flags).
-from openrlhf_sgrpo.cli.flags_extensions import add_extension_flags, validate_extension_args  # noqa: E402
+from openrlhf_sgrpo.cli.flags_extensions import add_extension_flags, validate_extension_args
 
 register_flags(add_extension_flags, validate_extension_args)

@@ -31,8 +31,9 @@ from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, ma
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 # Forwarded to every Ray worker, with the same defaults OpenRLHF's train() uses.
 _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
-# Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV, the web-search key).
-_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "SERPER_API_KEY", "HF_HOME")
+# Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV). Never the Serper key:
+# the workers search the web through retriever_server's /search proxy, which alone holds it.
+_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "HF_HOME")
 
 
 class CliError(Exception):
@@ -42,7 +43,7 @@ class CliError(Exception):
 class _SGRPOArgumentParser(argparse.ArgumentParser):
     """OpenRLHF's parser, plus our flags registered just before parsing."""
 
-    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse API
+    def parse_args(self, args=None, namespace=None):
         add_sgrpo_flags(self)
         return super().parse_args(args, namespace)
 

@@ -13,9 +13,8 @@ import json
 import random
 from pathlib import Path
 
-from retriever_server.corpora import make_contents
-
 from openrlhf_sgrpo.assets import cache_dir
+from retriever_server.corpora import make_contents
 
 
 def write_corpus(extracts: dict[str, str], evidence_titles: set[str], n_distractors: int, seed: int = 0,

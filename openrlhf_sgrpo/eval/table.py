@@ -6,7 +6,7 @@ from __future__ import annotations
 def format_table(headers: list[str], rows: list[list], floatfmt: str = "{:.3f}") -> str:
     cells = [[floatfmt.format(c) if isinstance(c, float) else str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(headers), sep, *(line(r) for r in cells)])
 

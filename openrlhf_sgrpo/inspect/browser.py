@@ -75,7 +75,7 @@ class Browser:
         self._loop = asyncio.new_event_loop()
 
     # ------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         # Only our own local file is rendered (no network), so Chromium's sandbox, which needs
         # user namespaces that containers and root shells often lack, is turned off.
         cmd = [self.executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

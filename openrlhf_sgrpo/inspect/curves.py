@@ -44,8 +44,8 @@ def curve_svg(key: str, title: str, points: list[tuple[float, float]]) -> str:
     if y_hi == y_lo:
         y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    px = lambda x: LEFT + (x - x_lo) / (x_hi - x_lo) * pw  # noqa: E731
-    py = lambda y: TOP + (1 - (y - y_lo) / (y_hi - y_lo)) * ph  # noqa: E731
+    px = lambda x: LEFT + (x - x_lo) / (x_hi - x_lo) * pw
+    py = lambda y: TOP + (1 - (y - y_lo) / (y_hi - y_lo)) * ph
     line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
     dots = "".join(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5"><title>step {_fmt(x)}: {_fmt(y)}</title>'
                    f'</circle>' for x, y in points)

@@ -11,10 +11,16 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from openrlhf_sgrpo.rollout_records.store import (ROLLOUTS_DIR, RecordError, StepFile, list_step_files, read_jsonl,
-                                                  read_step_file)
+from openrlhf_sgrpo.rollout_records.store import (
+    ROLLOUTS_DIR,
+    RecordError,
+    StepFile,
+    list_step_files,
+    read_jsonl,
+    read_step_file,
+)
 
-METRICS_FILE = "metrics.jsonl"  # what local/metrics_log.MetricsLogger writes
+METRICS_FILE = "metrics.jsonl"  # what local/step_log.StepLogger writes
 
 
 class InspectError(ValueError):

@@ -78,7 +78,7 @@ def strata_summary(groups: list[dict]) -> list[dict]:
             for key in ("reward", "advantage"):
                 if _num(s.get(key)) is not None:
                     cell[key].append(float(s[key]))
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
     return [{"stratum": k, "label": c["label"], "count": c["count"], "reward_mean": mean(c["reward"]),
              "advantage_mean": mean(c["advantage"])} for k, c in sorted(acc.items())]
 

@@ -15,8 +15,8 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from tqdm.auto import tqdm
 
@@ -99,7 +99,7 @@ class _Progress:
         self.bar.set_postfix(reward=f"{self.reward / self.done:.2f}", em=f"{self.em / self.done:.2f}",
                              tools=f"{self.tools / self.done:.2f}", refresh=False)
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         return self
 
     def __exit__(self, *exc) -> None:

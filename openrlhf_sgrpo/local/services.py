@@ -1,8 +1,10 @@
 """Start the retriever and the sandbox on loopback for a single-machine run, and stop them.
 
-Both come from their own parts' helpers (``retriever_server.testing.RunningServer``: waitress in
-a thread of this process; ``sandbox.testing.RunningSandbox``: a child process with the local
-bubblewrap backend), on free ports. :func:`local_services` yields the URLs; the caller puts
+Both come from their own parts' process managers, the ones the services' own CLIs and benchmarks
+use (``retriever_server.background.RunningServer``: waitress in a thread of this process, sharing
+its memory with the trainer rather than loading torch twice; ``sandbox.process.SandboxProcess``: a
+child process with the local bubblewrap backend, draining and removing its cgroups on exit), on
+free ports. :func:`local_services` yields the URLs; the caller puts
 them into the agent's config.
 """
 
@@ -26,9 +28,8 @@ class ServiceUrls:
 def ensure_index(corpus_jsonl: str | Path, index_dir: str | Path, model: str | Path | None = None,
                  progress: bool = True) -> Path:
     """Build the FAISS index for a corpus jsonl, or reuse a complete one for the same corpus+model."""
-    from retriever_server.build_index import build_index
-
     from openrlhf_sgrpo.assets import minilm_dir
+    from retriever_server.build_index import build_index
 
     model = str(model or minilm_dir())
     result = build_index(corpus_jsonl, index_dir, model=model, index_type="flat", batch_size=32,
@@ -44,9 +45,8 @@ def cached_index_for(corpus_jsonl: str | Path, model: str | Path | None = None, 
     must not find each other's builds under the same name."""
     import hashlib
 
-    from retriever_server.corpora import file_sha256
-
     from openrlhf_sgrpo.assets import cache_dir, minilm_dir
+    from retriever_server.corpora import file_sha256
 
     model = str(Path(model).resolve()) if model and Path(model).exists() else str(model or minilm_dir())
     key = f"{file_sha256(corpus_jsonl)[:16]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
@@ -60,14 +60,14 @@ def local_services(index_dir: str | Path | None, sandbox: bool = True, sandbox_c
     with contextlib.ExitStack() as stack:
         retriever_url = sandbox_url = None
         if index_dir is not None:
+            from retriever_server.background import RunningServer
             from retriever_server.config import ServerConfig
-            from retriever_server.testing import RunningServer
 
             srv = stack.enter_context(RunningServer(ServerConfig(index=str(index_dir), topk=topk)))
             retriever_url = f"{srv.url}/retrieve"
         if sandbox:
-            from sandbox.testing import RunningSandbox
+            from sandbox.process import SandboxProcess
 
-            sb = stack.enter_context(RunningSandbox(backend="local", max_concurrency=sandbox_concurrency))
+            sb = stack.enter_context(SandboxProcess(backend="local", max_concurrency=sandbox_concurrency))
             sandbox_url = f"{sb.url}/run_code"
         yield ServiceUrls(retriever_url, sandbox_url)

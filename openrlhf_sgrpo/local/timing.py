@@ -67,7 +67,7 @@ def rollout_timing(rec: IntervalRecorder, wall_s: float, tool_kinds: tuple[str, 
 class Stopwatch:
     """``with Stopwatch() as sw: ...; sw.seconds``."""
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         self.start = time.perf_counter()
         self.seconds = 0.0
         return self

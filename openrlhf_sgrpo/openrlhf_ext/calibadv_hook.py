@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from agent_env import info_keys as K
 
+from agent_env import info_keys as K
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, calibadv_token_advantages
 
 # OpenRLHF's action_mask column j is sequence token j + 1 (``action_mask = mask[1:]``).
@@ -52,7 +52,7 @@ def turn_tensors(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     if num_turns == 0:
         raise KeyError(f"CalibAdv needs the agent's per-turn info ({K.turn_kind_key(0)!r}, ...); "
                        f"run the agent from agent_env.openrlhf_agent (--train.agent_func_path)")
-    stack = lambda key_fn: torch.stack([_column(info, key_fn(k)).long() for k in range(num_turns)], -1)  # noqa: E731
+    stack = lambda key_fn: torch.stack([_column(info, key_fn(k)).long() for k in range(num_turns)], -1)
     kind, start, end = stack(K.turn_kind_key), stack(K.turn_start_key), stack(K.turn_end_key)
     present = start != K.PAD
     shift = TOKEN_TO_COLUMN_SHIFT

@@ -32,7 +32,6 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from agent_env import info_keys as K
-
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.metrics import stratification_metrics
 from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import apply_calibadv

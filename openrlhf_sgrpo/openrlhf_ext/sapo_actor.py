@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from openrlhf_sgrpo.sapo import DEFAULT_COEF, DEFAULT_ESTIMATOR, DEFAULT_RATIO_THRESHOLD, SAPOConfig, sapo_loss
+from openrlhf_sgrpo.sapo import (
+    DEFAULT_COEF,
+    DEFAULT_ESTIMATOR,
+    DEFAULT_RATIO_THRESHOLD,
+    SAPOConfig,
+    sapo_loss,
+)
 
 _PATCH_MARK = "_sgrpo_sapo_patched"
 

@@ -19,8 +19,7 @@ import torch
 from agent_env.rewards import parse_golds
 from openrlhf_sgrpo.advantages import STRATIFIED_ESTIMATORS, compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, turn_scores
-from openrlhf_sgrpo.rollout_records.build import (RecordLimits, Trajectory, finite, group_record,
-                                                  sample_record)
+from openrlhf_sgrpo.rollout_records.build import RecordLimits, Trajectory, finite, group_record, sample_record
 from openrlhf_sgrpo.sapo import SAPOConfig, penalized_mask
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
 

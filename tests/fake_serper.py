@@ -1,4 +1,4 @@
-"""Test helpers (production process management is in :mod:`retriever_server.background`).
+"""A fake Serper for the web-search tests.
 
 ``FakeSerper`` is a real HTTP server on loopback that answers like Serper's ``POST /search``:
 it replays given Serper responses by query, checks ``X-API-KEY`` and can be told to fail, so
@@ -50,7 +50,7 @@ class FakeSerper:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 status, payload = fake.answer(body, self.headers.get("X-API-KEY", ""))
                 data = json.dumps(payload).encode()
@@ -66,7 +66,7 @@ class FakeSerper:
 
         return Handler
 
-    def __enter__(self) -> "FakeSerper":
+    def __enter__(self) -> FakeSerper:
         self._thread.start()
         return self
 
