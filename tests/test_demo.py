@@ -12,11 +12,15 @@ import json
 
 import pytest
 
+from inspector_dom import assert_dom_matches, records, set_control
+
 from openrlhf_sgrpo.demo.__main__ import main, parse_args
+from openrlhf_sgrpo.inspect.browser import Browser, find_chromium
 from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.testing import shifted_seed
 
 SEED = ["--seed", str(shifted_seed(0))]
+CHROMIUM = find_chromium()
 
 
 @pytest.mark.slow
@@ -43,15 +47,48 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
         assert second["log_ratio_max"] > 1e-4 and second["sapo/mean_ratio"] != 1.0, second
     assert len(read_step_log(out / "metrics.jsonl", "eval_before")) == 1
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
-    assert sorted({p["dataset"] for p in preds}) == ["after", "before", "warmup"] and len(preds) == 12
+    assert sorted({p["dataset"] for p in preds}) == ["after_step2", "before", "warmup"] and len(preds) == 12
     assert "after warm-up" in text and "after RL" in text
     assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1
+    check_inspector_output(out, text, train_steps=[1, 2])
 
     assert main(["--smoke", "--calibadv", "--sapo", "--out", str(out), "--resume", "--steps", "3", *SEED]) == 0
     text = capsys.readouterr().out
     assert "resumed at step 2" in text and "after warm-up" in text  # the recorded warm-up column is reused
     assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1  # and not re-evaluated
     assert [r["step"] for r in read_step_log(out / "metrics.jsonl", "train")] == [1, 2, 3]
+    preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
+    assert sum(p["dataset"] == "after_step3" for p in preds) == 4  # the resumed end is evaluated, not reused
+    check_inspector_output(out, text, train_steps=[1, 2, 3])
+
+
+def check_inspector_output(out, text: str, train_steps: list[int]) -> None:
+    """The demo's rollout records (every train step's groups with SAPO and CalibAdv numbers, each
+    evaluation's trajectories) and its report, rendered in Chromium when there is one."""
+    recs = records(out)
+    assert f"rollout inspector: {out / 'rollouts.html'}" in text
+    assert sorted(k for k in recs if k.startswith("train/")) == [f"train/{s}" for s in train_steps]
+    for step in train_steps:
+        groups = recs[f"train/{step}"]
+        assert len(groups) == 2 and all(g["n"] == 4 for g in groups)  # --prompts-per-step 2, --n-samples 4
+        logged = read_step_log(out / "metrics.jsonl", "train")[step - 1]
+        samples = [s for g in groups for s in g["samples"]]
+        assert sum(s["reward"] for s in samples) / len(samples) == pytest.approx(logged["reward"], abs=1e-6)
+        assert all(s["advantage"] is not None and "sapo" in s for s in samples)
+        assert any(t.get("calib_score") is not None for s in samples for t in s["turns"])
+    for phase in ("eval_before", "eval_warmup", "eval_after"):
+        assert any(k.startswith(phase + "/") for k in recs), phase
+    assert len(recs["eval_before/0"]) == 4 and all(g["n"] == 1 for g in recs["eval_before/0"])
+    if CHROMIUM is None:
+        return  # the DOM checks need a browser; tests/test_inspect_report.py says how to install one
+    with Browser(CHROMIUM) as page:
+        page.open(out / "rollouts.html")
+        keys = page.evaluate("[...document.querySelectorAll('#step-select option')].map(o => o.value)")
+        for index in range(len(keys)):
+            state = set_control(page, "step-select", str(index))
+            assert state["rendered"] == "1" and state["stepKey"] in recs
+            assert_dom_matches(state, recs[state["stepKey"]])
+        assert page.errors == [] and page.evaluate("window.__reportErrors") == []
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -88,7 +125,7 @@ def test_smoke_demo_on_a_multi_hop_set_with_its_own_corpus(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "[7/7]" in text and "held-out metric" in text
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
-    held = {p["id"] for p in preds if p["dataset"] == "after"}
+    held = {p["id"] for p in preds if p["dataset"] == "after_step2"}
     first = [json.loads(line)["id"] for line in qa.read_text().splitlines()[:4]]
     assert held == set(first)  # the first --heldout questions of the file are held out
     assert [r["step"] for r in read_step_log(out / "metrics.jsonl", "train")] == [1, 2]

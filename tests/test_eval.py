@@ -11,6 +11,8 @@ import pytest
 
 from openrlhf_sgrpo.assets import shared_data
 from openrlhf_sgrpo.eval.__main__ import main
+from openrlhf_sgrpo.inspect.report import write_report
+from openrlhf_sgrpo.rollout_records.store import read_step_file, step_path
 
 pytestmark = pytest.mark.slow
 FIXTURE = Path(__file__).parent / "fixtures" / "gaia" / "metadata.jsonl"
@@ -49,6 +51,16 @@ def test_qa_and_gaia_tables_then_resume(tmp_path, capsys):
     preds = (out / "predictions.jsonl").read_text().splitlines()
     assert len(preds) == 8
     assert all({"id", "em", "f1", "search_calls", "prediction"} <= json.loads(p).keys() for p in preds)
+    # every trajectory is also a rollout record (one group of n=1), in the dataset's order
+    groups = read_step_file(step_path(out, "eval", 0)).groups
+    by_dataset = {name: [g for g in groups if g["dataset"] == name] for name in ("hotpotqa", "gaia")}
+    assert sorted(g["prompt_id"] for g in by_dataset["hotpotqa"]) == sorted(q["id"] for q in questions)
+    assert len(by_dataset["gaia"]) == 5 and all(g["n"] == 1 for g in groups)
+    assert sorted(g["group"] for g in by_dataset["gaia"]) == list(range(5))
+    assert f"python -m openrlhf_sgrpo.inspect {out}" in text
+    report, warnings = write_report(out)
+    assert report.stat().st_size > 0 and warnings == []
 
     assert main(argv) == 0  # resume: every id is done, nothing is appended
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 8
+    assert len(read_step_file(step_path(out, "eval", 0)).groups) == 8

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 import scripted_rollouts as scripted
+from inspector_dom import DOM_STATE, assert_dom_matches, records, set_control
 
-from agent_env.actions import strip_think
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium
 from openrlhf_sgrpo.inspect.curves import CURVES, curves_html, series
 from openrlhf_sgrpo.inspect.load import StepRecords, load_run, thin_steps
 from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
-from openrlhf_sgrpo.rollout_records.store import list_step_files, read_step_file, step_path
+from openrlhf_sgrpo.rollout_records.store import step_path
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = find_chromium()
@@ -45,10 +45,6 @@ def inspect_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "openrlhf_sgrpo.inspect", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
-
-
-def records(run_dir: Path) -> dict[str, list[dict]]:
-    return {f"{f.phase}/{f.step}": read_step_file(f.path).groups for f in list_step_files(run_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -163,76 +159,6 @@ def test_curves_and_step_thinning(run_dir):
 
 
 # ---------------------------------------------------------------- as a person sees it
-
-DOM_STATE = """(() => {
-  const num = v => v === "" || v === null ? null : Number(v);
-  return {
-    rendered: document.body.getAttribute("data-rendered"),
-    stepKey: document.body.getAttribute("data-step-key"),
-    errors: window.__reportErrors, pwned: window.__pwned === undefined ? null : window.__pwned,
-    shown: [num(document.getElementById("shown").getAttribute("data-groups")),
-            num(document.getElementById("shown").getAttribute("data-samples"))],
-    bars: [...document.querySelectorAll("svg.hist rect.bar")].map(b => [num(b.getAttribute("data-stratum")),
-            num(b.getAttribute("data-count"))]),
-    strataRows: [...document.querySelectorAll("table.strata tr[data-stratum]")].map(r => [
-            num(r.getAttribute("data-stratum")), r.querySelector(".reward-mean").textContent]),
-    groups: [...document.querySelectorAll("article.group")].map(g => ({
-      promptId: g.getAttribute("data-prompt-id"), noVariance: g.getAttribute("data-no-variance"),
-      hidden: g.classList.contains("hidden"), question: g.querySelector(".question").textContent,
-      samples: [...g.querySelectorAll("details.sample")].map(s => ({
-        sample: num(s.getAttribute("data-sample")), stratum: num(s.getAttribute("data-stratum")),
-        reward: num(s.getAttribute("data-reward")), advantage: num(s.getAttribute("data-advantage")),
-        san: num(s.getAttribute("data-san")), gn: num(s.getAttribute("data-gn")),
-        hidden: s.classList.contains("hidden"),
-        advClass: s.querySelector("summary .adv").className, advText: s.querySelector("summary .adv").textContent,
-        turns: [...s.querySelectorAll(".turn")].map(t => ({
-          kind: t.getAttribute("data-kind"), cls: t.className,
-          think: (t.querySelector(".seg-think") || {}).textContent || "",
-          action: (t.querySelector(".seg-action") || {}).textContent || "",
-          passages: t.querySelectorAll(".passage").length,
-          result: (t.querySelector(".seg-result") || {}).textContent || null}))}))}))};
-})()"""
-
-
-def set_control(browser: Browser, element_id: str, value) -> dict:
-    """Change a control the way a click does (its change event), then read the page again."""
-    prop = "checked" if isinstance(value, bool) else "value"
-    browser.evaluate(f"(() => {{ const e = document.getElementById({json.dumps(element_id)}); "
-                     f"e.{prop} = {json.dumps(value)}; e.dispatchEvent(new Event('change')); }})()")
-    return browser.evaluate(DOM_STATE)
-
-
-def sign_class(v: float | None) -> str:
-    return "adv-none" if v is None else "adv-pos" if v > 1e-12 else "adv-neg" if v < -1e-12 else "adv-zero"
-
-
-def assert_dom_matches(state: dict, groups: list[dict]) -> None:
-    assert [g["promptId"] for g in state["groups"]] == [g["prompt_id"] for g in groups]
-    for dom, rec in zip(state["groups"], groups):
-        assert dom["question"] == rec["question"]
-        by_index = {s["sample"]: s for s in rec["samples"]}
-        assert sorted(s["sample"] for s in dom["samples"]) == sorted(by_index)
-        strata = [s["stratum"] for s in dom["samples"]]
-        assert strata == sorted(strata)  # samples sorted by stratum
-        rewards = {s["reward"] for s in rec["samples"]}
-        assert dom["noVariance"] == ("1" if len(rewards) == 1 and len(rec["samples"]) > 1 else "0")
-        for s in dom["samples"]:
-            r = by_index[s["sample"]]
-            assert (s["stratum"], s["reward"]) == (r["stratum"], r["reward"])
-            for key in ("advantage", "san", "gn"):
-                assert (s[key] is None) == (r[key] is None) and (r[key] is None or s[key] == pytest.approx(r[key]))
-            assert sign_class(r["advantage"]) in s["advClass"].split()
-            if r["advantage"] is not None and abs(r["advantage"]) > 1e-12:
-                assert s["advText"].startswith("A " + ("+" if r["advantage"] > 0 else "\u2212"))
-            assert [t["kind"] for t in s["turns"]] == [t["kind"] for t in r["turns"]]
-            for t, rt in zip(s["turns"], r["turns"]):
-                assert f"turn-{rt['kind']}" in t["cls"].split()
-                assert t["action"] == strip_think(rt["text"]).strip()
-                if rt["kind"] == "search" and rt["doc_ids"]:
-                    assert t["passages"] == len(rt["doc_ids"])
-                if rt["kind"] == "code":
-                    assert t["result"] is not None and t["result"] in rt["output"]
-
 
 @pytest.fixture(scope="module")
 def page(report):

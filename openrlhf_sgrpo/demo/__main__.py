@@ -10,7 +10,8 @@ Stages (each shows progress):
               answers in prose and never writes the tags on its own (see local/warmup.py);
               held-out is evaluated again, so the table tells the warm-up's gain from RL's;
   6. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
-  7. eval     held-out again; print the tables, write ``report.png`` and ``metrics.jsonl``.
+  7. eval     held-out again; print the tables, write ``report.png``, ``metrics.jsonl`` and the
+              rollout inspector ``rollouts.html`` (every step's and evaluation's trajectories).
 Each stage header shows the previous stage's peak RSS; a table of wall time and peak RSS per
 stage closes the output. Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
 ``--smoke`` is a plumbing check (tiny random Qwen2), not a learning run: in every training group
@@ -80,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "135M model's groups reward variance that EM rarely does; the paper uses em")
     p.add_argument("--concurrency", type=int, default=24, help="held-out questions in flight at once")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--record-groups", type=int, default=8,
+                   help="prompt groups per step kept as rollout records for the inspector (0: none)")
     args = p.parse_args(argv)
     smoke = args.smoke
     args.model = args.model or ("tiny-qwen2" if smoke else "smollm2")
@@ -138,6 +141,7 @@ def train_config(args: argparse.Namespace):
         steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
         micro_batch_size=args.micro_batch_size, train_batch_size=args.train_batch_size, max_epochs=args.max_epochs,
         gradient_checkpointing=args.gradient_checkpointing, lr=args.lr, seed=args.seed,
+        record_groups=args.record_groups,
         adv=AdvantageConfig(estimator=args.estimator, alpha=args.alpha, stratify_by=args.stratify_by,
                             calibadv=CalibAdvConfig() if args.calibadv else None),
         loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))
@@ -205,10 +209,11 @@ def _warmup(args, model, tok, train, out: Path, logger) -> bool:
 def _eval_after_warmup(args, ran: bool, rollout, held, predictions: Path, logger) -> dict | None:
     """Held-out right after the warm-up. On a resume past it, only its recorded evaluation is
     reused (the weights now include RL steps, so evaluating them would mislabel the column)."""
-    from openrlhf_sgrpo.eval.core import evaluate, read_records, summarize
+    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate, read_records, summarize
 
     if ran:
-        warm = summarize(evaluate(rollout, "warmup", held, predictions, args.concurrency))
+        warm = summarize(evaluate(rollout, "warmup", held, predictions, args.concurrency,
+                                  records=TrajectoryRecords(args.out, "eval_warmup", 0)))
         logger.log(0, warm, phase="eval_warmup")
         return warm
     ids = {q.qid for q in held}
@@ -221,7 +226,8 @@ def run(args: argparse.Namespace) -> dict:
     from agent_env.config import AgentConfig
     from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.report import before_after_table, plot_report, steps_table
-    from openrlhf_sgrpo.eval.core import evaluate, summarize
+    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate, summarize
+    from openrlhf_sgrpo.inspect.report import write_report
     from openrlhf_sgrpo.local.heap import map_large_allocations
     from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
@@ -261,7 +267,8 @@ def run(args: argparse.Namespace) -> dict:
                                temperature=args.temperature, first_turn_script=spread_script if args.smoke else None)
         try:
             _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0, peaks)
-            before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency))
+            before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency,
+                                        records=TrajectoryRecords(out, "eval_before", 0)))
             logger.log(0, before, phase="eval_before")
             _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0, peaks)
             ran = _warmup(args, model, tok, train, out, logger)
@@ -276,7 +283,10 @@ def run(args: argparse.Namespace) -> dict:
                 print(f"resumed at step {trainer.step}")
             trainer.train()
             _stage(7, "evaluate held-out after training", t0, peaks)
-            after = summarize(evaluate(rollout, "after", held, out / "eval_predictions.jsonl", args.concurrency))
+            # Keyed by the step: a run resumed to more steps evaluates its new weights instead of
+            # reusing the earlier end's predictions under the same name.
+            after = summarize(evaluate(rollout, f"after_step{args.steps}", held, out / "eval_predictions.jsonl",
+                                       args.concurrency, records=TrajectoryRecords(out, "eval_after", args.steps)))
             logger.log(args.steps, after, phase="eval_after")
         finally:
             rollout.close()
@@ -284,10 +294,14 @@ def run(args: argparse.Namespace) -> dict:
             peaks.close()
     records = read_step_log(out / "metrics.jsonl", "train")
     plot_report(records, out / "report.png")
+    inspector, warnings = write_report(out)
+    for w in warnings:
+        print(f"warning: {w}")
     print("\n" + before_after_table(before, after, warm))
     print("\n" + steps_table(records))
     print("\n" + peaks.table())
     print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'} (total {time.monotonic() - t0:.0f} s)")
+    print(f"rollout inspector: {inspector} (python -m openrlhf_sgrpo.inspect {out} rebuilds it)")
     return {"before": before, "after_warmup": warm, "after": after, "steps": records, "stages": peaks.rows}
 
 

@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens-per-turn", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=16, help="questions in flight at once")
     p.add_argument("--out", default="runs/eval", help="output folder (resumable)")
+    p.add_argument("--rollout-records", action=argparse.BooleanOptionalAction, default=True,
+                   help="also append each trajectory to OUT/rollouts/eval/ for python -m openrlhf_sgrpo.inspect OUT")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="check the inputs, print the settings as JSON, exit")
     args = p.parse_args(argv)
@@ -159,7 +161,7 @@ def _engine(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from openrlhf_sgrpo.eval.core import evaluate, summarize
+    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate, summarize
     from openrlhf_sgrpo.eval.gaia import load_gaia
     from openrlhf_sgrpo.eval.table import gaia_table, qa_table
     from openrlhf_sgrpo.local.rollout import AgentRollout
@@ -171,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     engine, tok = _engine(args)
+    records = TrajectoryRecords(out) if args.rollout_records else None
     summary: dict = {"model": args.model, "engine": args.engine}
     with contextlib.ExitStack() as stack:
         if hasattr(engine, "close"):  # vLLM's engine holds GPU memory and a loop thread
@@ -181,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
                                    args.max_tokens_per_turn)
             try:
                 qa = {name: summarize(evaluate(rollout, name, qs, out / "predictions.jsonl", args.concurrency,
-                                               not args.quiet)) for name, qs in datasets.items()}
+                                               not args.quiet, records)) for name, qs in datasets.items()}
             finally:
                 rollout.close()
             summary["qa"] = qa
@@ -190,14 +193,16 @@ def run(args: argparse.Namespace) -> dict:
             rollout = AgentRollout(engine, tok, agent_config(args, urls, gaia=True), args.max_len,
                                    args.max_tokens_per_turn)
             try:
-                records = evaluate(rollout, "gaia", gaia_questions, out / "predictions.jsonl", args.concurrency,
-                                   not args.quiet)
+                gaia = evaluate(rollout, "gaia", gaia_questions, out / "predictions.jsonl", args.concurrency,
+                                not args.quiet, records)
             finally:
                 rollout.close()
-            summary["gaia"] = _by_level(records, levels)
+            summary["gaia"] = _by_level(gaia, levels)
             print(gaia_table(summary["gaia"]))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"wrote {out / 'summary.json'} and {out / 'predictions.jsonl'}")
+    if records is not None:
+        print(f"trajectories: python -m openrlhf_sgrpo.inspect {out}")
     return summary
 
 

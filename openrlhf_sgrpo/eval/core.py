@@ -4,12 +4,14 @@ Up to ``concurrency`` questions are in flight at once (the engine batches their 
 clients batch their calls), and a new one starts as soon as one ends, so no batch waits for its
 slowest question. Each answered question is appended to ``predictions.jsonl`` (and flushed) as
 it ends, so an interrupted evaluation resumes where it stopped, losing at most the questions in
-flight.
+flight. With ``records`` each trajectory is also appended as a rollout record for
+``python -m openrlhf_sgrpo.inspect``.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent_env import info_keys as K
@@ -17,6 +19,8 @@ from agent_env.actions import answer_of
 from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.experience import Sample
 from openrlhf_sgrpo.local.rollout import AgentRollout
+from openrlhf_sgrpo.rollout_records.sources import records_from_samples
+from openrlhf_sgrpo.rollout_records.store import RolloutWriter
 
 
 def final_answer(sample: Sample, tokenizer) -> str | None:
@@ -51,17 +55,34 @@ def read_records(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class TrajectoryRecords:
+    """Where an evaluation also appends each question's trajectory as a rollout record (the
+    inspector's input): ``run_dir/rollouts/<phase>/step_<step>.jsonl``, one group of n=1 each."""
+
+    run_dir: Path
+    phase: str = "eval"
+    step: int = 0
+
+
 def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], predictions: str | Path,
-             concurrency: int = 16, progress: bool = True) -> list[dict]:
+             concurrency: int = 16, progress: bool = True, records: TrajectoryRecords | None = None) -> list[dict]:
     """Evaluate ``questions`` (skipping ids already in ``predictions``); return this dataset's records."""
     predictions = Path(predictions)
     predictions.parent.mkdir(parents=True, exist_ok=True)
     done = {r["id"] for r in read_records(predictions) if r.get("dataset") == dataset}
     todo = [q for q in questions if q.qid not in done]
+    writer = RolloutWriter(records.run_dir) if records is not None else None
+    position = {q.qid: i for i, q in enumerate(questions)}
     with open(predictions, "a", encoding="utf-8") as f:
         def write(i: int, sample: Sample) -> None:
             f.write(json.dumps(record_of(dataset, todo[i], sample, rollout.tokenizer)) + "\n")
             f.flush()
+            if writer is not None:  # after the prediction, the run's result: a crash between loses a record only
+                (group,) = records_from_samples([sample], rollout.tokenizer, 1, phase=records.phase,
+                                                step=records.step, prompt_ids=[todo[i].qid], dataset=dataset)
+                group["group"] = position[todo[i].qid]  # questions finish in any order; the page sorts by this
+                writer.append(records.phase, records.step, [group])
 
         rollout.run_each([q.question for q in todo], [q.golds for q in todo], concurrency, write, greedy=True,
                          desc=f"eval {dataset}", progress=progress, done_before=len(questions) - len(todo))

@@ -14,7 +14,8 @@ One step mirrors OpenRLHF's (``make_experience``, then ``ActorPPOTrainer.ppo_tra
                    (+ SAPO, + KL to a frozen reference if ``kl_coef > 0``). From the second
                    optimizer step on, the ratio to the old policy departs from 1, so clipping
                    and SAPO can act;
-  4. log + checkpoint. ``train_step`` returns a :class:`StepResult` holding every per-sample
+  4. log + checkpoint, and with ``record_groups`` the step's first prompt groups as rollout
+     records for ``python -m openrlhf_sgrpo.inspect``. ``train_step`` returns a :class:`StepResult` holding every per-sample
      quantity of the step in one place.
 Unlike OpenRLHF's replay buffer, which shuffles single samples, the shuffle here moves whole
 prompt groups (a mini-batch that is a multiple of ``n_samples`` holds complete groups, as in
@@ -44,6 +45,8 @@ from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_pr
 from openrlhf_sgrpo.local.rollout import AgentRollout
 from openrlhf_sgrpo.local.step_log import StepLogger
 from openrlhf_sgrpo.local.timing import Stopwatch
+from openrlhf_sgrpo.rollout_records.sources import records_from_samples
+from openrlhf_sgrpo.rollout_records.store import RolloutWriter
 from openrlhf_sgrpo.sapo import penalized_mask
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 1
     keep_checkpoints: int = 2
+    record_groups: int = 0  # prompt groups per step written as rollout records (RUN_DIR/rollouts/train); 0: none
     adv: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -75,6 +79,8 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "micro_batch_size", "save_every", "max_epochs"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if int(self.record_groups) < 0:
+            raise ValueError(f"record_groups must be >= 0, got {self.record_groups!r}")
         if self.n_samples < 2:
             raise ValueError(f"n_samples must be >= 2 for a group baseline, got {self.n_samples!r}")
         if not self.lr > 0:
@@ -275,7 +281,23 @@ class LocalTrainer:
             "time/experience_s": exp_time.seconds, "time/update_s": upd_time.seconds,
         }
         record = self.logger.log(step, record)
+        if cfg.record_groups:
+            self._write_records(step, questions, exp, sample_updates)
         return StepResult(step, exp, updates, sample_updates, record)
+
+    def _write_records(self, step: int, questions: list[Question], exp: Experience,
+                       sample_updates: list[list[dict]]) -> None:
+        """The step's first ``record_groups`` prompt groups for the inspector; SAPO's share is the
+        last pass's (the ratio furthest from the sampling policy)."""
+        sapo = None
+        if self.cfg.loss.sapo is not None:
+            sapo = [{"penalized_share": passes[-1]["sapo_penalized_share"],
+                     "ratio_mean": passes[-1]["ratio_mean"]} if passes else None for passes in sample_updates]
+        groups = records_from_samples(
+            exp.samples, self.tokenizer, self.cfg.n_samples, phase="train", step=step, adv_cfg=self.cfg.adv,
+            advantages=exp.advantage.advantages, token_advantages=exp.token_advantages, sapo=sapo,
+            prompt_ids=[q.qid for q in questions], max_groups=self.cfg.record_groups)
+        RolloutWriter(self.out_dir).write_step("train", step, groups)
 
     # ------------------------------------------------------------ update (ActorPPOTrainer.ppo_train)
     def _group_order(self, n: int, generator: torch.Generator) -> list[int]:

@@ -20,7 +20,6 @@ from agent_env.rewards import parse_golds
 from openrlhf_sgrpo.advantages import STRATIFIED_ESTIMATORS, compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, turn_scores
 from openrlhf_sgrpo.rollout_records.build import RecordLimits, Trajectory, finite, group_record, sample_record
-from openrlhf_sgrpo.sapo import SAPOConfig, penalized_mask
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
 
 
@@ -226,13 +225,3 @@ def records_from_experiences(experiences: list, tokenizer, n_samples: int, *, st
     return build_groups(trajs, [e.prompts[r] for e, r in first], [e.labels[r] for e, r in first], tokenizer,
                         n_samples, phase=phase, step=step, adv_cfg=adv_cfg, calibadv=calibadv, group_ids=groups,
                         advantages=advantages, limits=limits)
-
-
-def sapo_sample_stats(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                      action_mask: torch.Tensor, config: SAPOConfig) -> list[dict[str, float]]:
-    """Per-row SAPO numbers for ``Trajectory.sapo``: how many action tokens the term penalizes
-    (``openrlhf_sgrpo.sapo.penalized_mask``, the loss's own rule) and their share."""
-    mask = action_mask.bool()
-    hit = penalized_mask(log_probs, old_log_probs, advantages, mask, config.ratio_threshold).sum(-1)
-    count = mask.sum(-1).clamp_min(1)
-    return [{"penalized_tokens": float(h), "penalized_share": float(h) / float(c)} for h, c in zip(hit, count)]
