@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import torch
 from openrlhf.utils.loss_utils import iter_grad_accum_global_norm
 
 from agent_env import info_keys as K
+from agent_env import metadata as M
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig
@@ -26,7 +25,7 @@ from openrlhf_sgrpo.local.checkpoint import (
     save_checkpoint,
 )
 from openrlhf_sgrpo.local.data import Question
-from openrlhf_sgrpo.local.experience import collate, tensorize_response
+from openrlhf_sgrpo.local.experience import collate, info_tensor, tensorize_response
 from openrlhf_sgrpo.local.experience_maker import (
     AdvantageConfig,
     cumulative_returns,
@@ -38,7 +37,7 @@ from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_pr
 from openrlhf_sgrpo.local.timing import uncovered_length, union_length
 from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
 from openrlhf_sgrpo.sapo import SAPOConfig
-from openrlhf_sgrpo.testing import shifted_seed
+from openrlhf_sgrpo.testing import install_gpu_import_stubs, shifted_seed
 
 
 def _response(seed: int = 0, n_tokens: int = 30, ranges=((10, 14), (20, 25)), logprobs=True) -> dict:
@@ -47,7 +46,10 @@ def _response(seed: int = 0, n_tokens: int = 30, ranges=((10, 14), (20, 25)), lo
     return {"prompt": "q", "label": '["a"]', "observation_tokens": toks, "action_ranges": list(ranges),
             "reward": 0.5, "scores": 1.0, "truncated": False, "images": None, "mm_train_inputs": None,
             "rollout_log_probs": [float(i) / 10 for i in range(n_tokens)] if logprobs else None,
-            "extra_logs": {"tool_calls": 1, "em": 1.0, "turn0_start": 10}}
+            "extra_logs": {"tool_calls": 1, "em": 1.0, "turn0_start": 10, K.turn_doc_key(0, 0): BIG_DOC_ID}}
+
+
+BIG_DOC_ID = M.encode_doc_id("wiki-18 passage 20999999")  # 63 bits: float64 would round it
 
 
 def test_policy_loss_is_openrlhfs_own_file_and_no_gpu_module_is_imported():
@@ -68,27 +70,18 @@ def test_policy_loss_is_openrlhfs_own_file_and_no_gpu_module_is_imported():
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def _upstream_process_response(monkeypatch):
-    """OpenRLHF's SamplesGenerator method; only its vllm / vllm_engine imports are stubbed (test-only)."""
-    vllm = types.ModuleType("vllm")
-    vllm.SamplingParams = object
-    ray_pkg = types.ModuleType("openrlhf.trainer.ray")
-    ray_pkg.__path__ = []
-    engine = types.ModuleType("openrlhf.trainer.ray.vllm_engine")
-    engine.batch_vllm_engine_call = None
-    for name, mod in (("vllm", vllm), ("openrlhf.trainer.ray", ray_pkg), ("openrlhf.trainer.ray.vllm_engine", engine)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    root = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
-    spec = importlib.util.spec_from_file_location("_sgrpo_test_samples_generator",
-                                                  root / "trainer" / "ppo_utils" / "samples_generator.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.SamplesGenerator._process_response_into_experience
+def _upstream_process_response():
+    """OpenRLHF's own SamplesGenerator method, imported from the installed package (only the GPU-only
+    vllm / flash_attn imports are stubbed, by the shared test stubs)."""
+    install_gpu_import_stubs()
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    return SamplesGenerator._process_response_into_experience
 
 
 @pytest.mark.parametrize("max_len, logprobs", [(64, True), (22, True), (64, False), (12, True)])
 def test_tensorize_matches_upstream_experience(monkeypatch, max_len, logprobs):
-    upstream_fn = _upstream_process_response(monkeypatch)
+    upstream_fn = _upstream_process_response()
     resp = _response(logprobs=logprobs)
     exp = upstream_fn(None, resp, max_len=max_len)
     ours = tensorize_response(resp, max_len)
@@ -103,8 +96,11 @@ def test_tensorize_matches_upstream_experience(monkeypatch, max_len, logprobs):
     assert float(exp.total_length[0]) == ours.total_length
     assert bool(exp.info["response_clip_ratio"][0]) == ours.is_clipped
     assert float(exp.rewards[0]) == ours.reward and float(exp.scores[0]) == ours.score
-    for key, value in resp["extra_logs"].items():
-        assert float(exp.info[key][0]) == ours.info[key]
+    for key, value in resp["extra_logs"].items():  # upstream keeps ints as int64: so do we
+        assert exp.info[key][0].item() == ours.info[key] and type(exp.info[key][0].item()) is type(ours.info[key])
+    doc = K.turn_doc_key(0, 0)
+    assert info_tensor([ours, ours], doc).tolist() == [BIG_DOC_ID] * 2 and BIG_DOC_ID > 2**53
+    assert int(float(BIG_DOC_ID)) != BIG_DOC_ID  # the id this checks is one float64 would change
 
 
 def test_collate_right_pads_and_keeps_masks():
@@ -207,14 +203,14 @@ def test_log_probs_are_computed_at_action_columns_only_and_match_a_full_forward(
 def _agent_sample(i: int, reward: float, searched: bool, f1: float) -> dict:
     """An executor response with the agent's turn slots filled: a search turn (doc i % 3) then an answer."""
     ranges = [(10, 14), (20, 25)] if searched else [(10, 16)]
-    meta = K.empty_metadata(2, 3)
+    meta = M.empty_metadata(2, 3)
     meta.update({K.TOOL_CALLS: int(searched), K.SEARCH_CALLS: int(searched), K.ANSWERED: 1, K.F1: f1, K.EM: f1})
     kinds = ["search", "answer"] if searched else ["answer"]
     for k, kind in enumerate(kinds):
         meta[K.turn_kind_key(k)] = K.KIND_CODES[kind]
     if searched:
-        meta[K.turn_doc_key(0, 0)] = K.encode_doc_id(str(i % 3))
-    meta = K.fill_action_ranges(meta, ranges, 2, 64)
+        meta[K.turn_doc_key(0, 0)] = M.encode_doc_id(str(i % 3))
+    meta = M.fill_action_ranges(meta, ranges, 2, 64)
     return {**_response(i, ranges=ranges, logprobs=False), "reward": reward, "extra_logs": meta}
 
 

@@ -28,7 +28,7 @@ class Sample:
     total_length: int
     is_clipped: bool
     truncated: bool
-    info: dict[str, float] = field(default_factory=dict)
+    info: dict[str, int | float] = field(default_factory=dict)
     prompt: str = ""
     label: str = ""
     scripted: bool = False  # its first turn came from a FirstTurnScript, not from sampling
@@ -51,7 +51,7 @@ def tensorize_response(response: dict, max_len: int) -> Sample:
     total_length = int(attention_mask.sum())
     info = {}
     for key, value in (response.get("extra_logs") or {}).items():
-        info[key] = float(value.flatten()[0].item() if isinstance(value, torch.Tensor) else value)
+        info[key] = _info_scalar(value)
     reward, score = response.get("reward"), response.get("scores")
     return Sample(
         sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
@@ -92,11 +92,23 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
     return Batch(seqs, attn, acts)
 
 
+def _info_scalar(value) -> int | float:
+    """An extra_logs value as upstream stores it (``torch.tensor([value])``): ints stay ints, so
+    63-bit document ids (agent_env.metadata.encode_doc_id) survive exactly; a float64 would round
+    ids above 2**53 and make two different documents look alike to CalibAdv."""
+    if isinstance(value, torch.Tensor):
+        value = value.flatten()[0].item()
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else float(value)
+
+
 def info_tensor(samples: list[Sample], key: str) -> torch.Tensor:
-    """One ``info`` key across samples as a float tensor (the shape OpenRLHF's info has after
-    stacking), with a message that names the agent when the key is missing."""
+    """One ``info`` key across samples as a tensor (the shape OpenRLHF's info has after stacking):
+    int64 when every value is an int (doc ids, token ranges), else float64; with a message that
+    names the agent when the key is missing."""
     missing = [i for i, s in enumerate(samples) if key not in s.info]
     if missing:
         raise KeyError(f"sample {missing[0]} has no info key {key!r}; the agent's extra_logs hold "
                        f"{sorted(samples[missing[0]].info)[:12]}...")
-    return torch.tensor([s.info[key] for s in samples], dtype=torch.float64)
+    values = [s.info[key] for s in samples]
+    exact = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return torch.tensor(values, dtype=torch.int64 if exact else torch.float64)
