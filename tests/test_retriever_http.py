@@ -18,6 +18,7 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_http import read_response
 
 from retriever_server.background import RunningServer, ServerProcess
 from retriever_server.config import ServerConfig
@@ -29,22 +30,6 @@ WAIT_S = 30.0  # generous bound for "answered" on a loaded 2-core machine; never
 def connect(port: int) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
     return s
-
-
-def read_response(s: socket.socket) -> tuple[int, dict, bytes]:
-    """One HTTP response off a raw socket: (status, headers, body)."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = s.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before a response: {buf!r}")
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", 0)):
-        body += s.recv(65536)
-    return int(lines[0].split()[1]), headers, body
 
 
 def exchange(port: int, raw: bytes) -> tuple[int, dict, bytes]:

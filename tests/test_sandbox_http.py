@@ -17,6 +17,7 @@ import time
 
 import pytest
 import requests
+from raw_http import read_response
 
 from sandbox.process import SandboxProcess
 
@@ -26,22 +27,6 @@ IDLE_S = 2.0  # the --idle-timeout-s of the short-timeout service
 def connect(url: str) -> socket.socket:
     host, port = url.rsplit("/", 1)[1].rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=30)
-
-
-def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response (Content-Length framed) from a raw socket."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed after {data[:200]!r}")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", 0)):
-        body += sock.recv(65536)
-    return int(lines[0].split()[1]), headers, body
 
 
 def closed_by_server(sock: socket.socket, within_s: float) -> bool:
