@@ -23,7 +23,8 @@ QWEN2_VOCAB_GGUF = "ggml-vocab-qwen2.gguf"
 LLAMA_CPP_SDIST = "llama-cpp-python==0.3.36"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = Path(os.environ.get("SGRPO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+# An empty value counts as unset (a `VAR= make test` must not point the data at the working folder).
+SHARED_DATA = Path(os.environ.get("SGRPO_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
 
 
 class AssetMissing(RuntimeError):
@@ -32,7 +33,7 @@ class AssetMissing(RuntimeError):
 
 def cache_dir() -> Path:
     """Per-user cache for derived assets (dequantized weights, extracted vocab, indexes)."""
-    d = Path(os.environ.get("SGRPO_CACHE", Path.home() / ".cache" / "openrlhf-sgrpo"))
+    d = Path(os.environ.get("SGRPO_CACHE") or Path.home() / ".cache" / "openrlhf-sgrpo")
     d.mkdir(parents=True, exist_ok=True)
     return d
 
