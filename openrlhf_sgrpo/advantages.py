@@ -82,14 +82,30 @@ def make_segments(strata: torch.Tensor, n_samples_per_prompt: int) -> Segments:
     return Segments(group, cell, num_groups, int(cell.max()) + 1)
 
 
+def first_of_segment(values: torch.Tensor, seg: torch.Tensor, num: int) -> torch.Tensor:
+    """Each segment's first value (by position), per segment (an empty segment gets any value)."""
+    position = torch.arange(values.numel(), device=values.device)
+    first = torch.full((num,), values.numel(), dtype=position.dtype, device=values.device)
+    first = first.scatter_reduce_(0, seg, position, reduce="amin").clamp_max_(max(values.numel() - 1, 0))
+    return values[first] if values.numel() else torch.zeros(num, dtype=values.dtype, device=values.device)
+
+
 def segment_moments(values: torch.Tensor, seg: torch.Tensor, num: int) -> tuple[torch.Tensor, ...]:
-    """Per-segment count, mean and sum of squared deviations (two-pass, no cancellation)."""
+    """Per-segment count, mean and sum of squared deviations (two-pass, no cancellation).
+
+    The sums run over the values shifted by their segment's first value: deviations are
+    shift-invariant, and a constant segment becomes exact zeros. Unshifted, the float mean of a
+    constant segment (3 * 1.68 / 3) can miss its value by an ulp, leaving a 1e-16 std that turns
+    a zero advantage into -1 when eps=0.
+    """
+    pivot = first_of_segment(values, seg, num)
+    shifted = values - pivot[seg]
     count = torch.zeros(num, dtype=values.dtype, device=values.device).index_add_(0, seg, torch.ones_like(values))
-    total = torch.zeros(num, dtype=values.dtype, device=values.device).index_add_(0, seg, values)
-    mean = total / count.clamp_min(1)
-    dev = values - mean[seg]
+    total = torch.zeros(num, dtype=values.dtype, device=values.device).index_add_(0, seg, shifted)
+    shifted_mean = total / count.clamp_min(1)
+    dev = shifted - shifted_mean[seg]
     sq = torch.zeros(num, dtype=values.dtype, device=values.device).index_add_(0, seg, dev * dev)
-    return count, mean, sq, dev
+    return count, pivot + shifted_mean, sq, dev
 
 
 def _std(count: torch.Tensor, sq: torch.Tensor, std: str) -> torch.Tensor:
@@ -121,6 +137,7 @@ def group_normalized_advantages(rewards: torch.Tensor, n_samples_per_prompt: int
                                 std: str = "population") -> torch.Tensor:
     """GRPO's A_GN; prompt groups are contiguous, so a reshape replaces the segment reduction."""
     x = rewards.view(-1, n_samples_per_prompt)
+    x = x - x[:, :1]  # shift by the group's first reward: a constant group is exact zeros (see segment_moments)
     dev = x - x.mean(-1, keepdim=True)
     sq = (dev * dev).sum(-1, keepdim=True)
     count = torch.full_like(sq, n_samples_per_prompt)
@@ -161,6 +178,7 @@ def stratified_baseline_advantages(rewards: torch.Tensor, strata: torch.Tensor, 
 
 def _leave_one_out(r: torch.Tensor, seg: torch.Tensor, num: int) -> tuple[torch.Tensor, torch.Tensor]:
     """R - mean of the *other* members of the segment, and each sample's segment size."""
+    r = r - first_of_segment(r, seg, num)[seg]  # exact zeros for a constant segment (see segment_moments)
     count = torch.zeros(num, dtype=r.dtype, device=r.device).index_add_(0, seg, torch.ones_like(r))[seg]
     total = torch.zeros(num, dtype=r.dtype, device=r.device).index_add_(0, seg, r)[seg]
     return r - (total - r) / (count - 1).clamp_min(1), count

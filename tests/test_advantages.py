@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from openrlhf_sgrpo.advantages import (
@@ -145,6 +145,9 @@ def test_per_prompt_mean_zero_of_san_gn_and_blend(batch, alpha):
 
 @settings(max_examples=100, deadline=None)
 @given(batches(grid=True), st.floats(0.1, 10), st.floats(-10, 10))
+# Found by CI: 3 * 1.6815 / 3 != 1.6815 in float64, so a constant stratum had a 1e-16 std and
+# SAN -1 at eps=0 before the moments were taken over values shifted by the segment's first.
+@example((torch.tensor([-0.25] * 3, dtype=torch.float64), torch.tensor([0, 0, 0]), 3), 1.2739418954039845, 2.0)
 def test_proposition2_san_invariant_to_positive_affine_rewards(batch, a, b):
     r, s, n = batch
     base = stratified_advantages(r, s, n, alpha=1.0, eps=0.0)
@@ -202,3 +205,16 @@ def test_rloo_and_baseline_are_zero_mean_per_stratum_when_no_singletons(batch):
             members = s[sl] == k
             if int(members.sum()) > 1:
                 assert float(adv[sl][members].sum()) == pytest.approx(0.0, abs=1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(-1e6, 1e6, allow_nan=False), st.integers(2, 16), st.sampled_from([torch.float32, torch.float64]),
+       st.sampled_from(["population", "unbiased"]))
+def test_a_constant_group_or_stratum_gets_exactly_zero_whatever_its_value(value, n, dtype, std):
+    """Every estimator, any eps: equal rewards mean no signal, to the bit (not an ulp of noise / ulp)."""
+    r = torch.full((2 * n,), value, dtype=dtype)
+    strata = torch.tensor([0, 1] * n)
+    for est in ("stratified_grpo", "stratified_reinforce", "stratified_rloo"):
+        for eps in (0.0, 1e-6):
+            adv = compute_stratified(est, r, strata, n, 0.6, eps, std)
+            assert torch.equal(adv, torch.zeros_like(adv)), (est, eps, adv)
