@@ -137,6 +137,9 @@ def test_passages_are_split_as_format_docs_writes_them():
         {"rank": 1, "title": "Paris", "text": "Paris is the capital.\nSecond line."},
         {"rank": 2, "title": "Lyon (city)", "text": "Lyon."}]
     assert split_passages("search failed: timed out") == []
+    cut = format_docs(docs)[: format_docs(docs).index("(city)")]  # max_obs_tokens ended inside a title
+    assert split_passages(cut) == [{"rank": 1, "title": "Paris", "text": "Paris is the capital.\nSecond line."},
+                                   {"rank": 2, "title": "Lyon ", "text": ""}]
     block = information_block(format_docs(docs), lambda text: text)
     view = turn_view({"kind": "search", "text": "<think>look it up</think>\n<search> q </search>", "output": block,
                       "output_chars": 5000, "tokens": 9})

@@ -15,8 +15,10 @@ from openrlhf_sgrpo.inspect.load import RunData, StepRecords
 # Groups whose reward spread is below this have no variance: every advantage is 0.
 NO_VARIANCE_TOL = 1e-9
 _THINK = re.compile(r"<think>(.*?)(?:</think>|\Z)", re.DOTALL)
-# agent_env.observations.format_docs writes "Doc {i}(Title: {title}) {text}\n" per passage.
-_DOC = re.compile(r"(?:^|\n)Doc (\d+)\(Title: ([^\n]*?)\) ")
+# agent_env.observations.format_docs writes "Doc {i}(Title: {title}) {text}\n" per passage. An
+# observation cut at max_obs_tokens can end inside a title: that passage is shown, title cut and
+# text empty, rather than glued to the one before.
+_DOC = re.compile(r"(?:^|\n)Doc (\d+)\(Title: ([^\n]*?)(?:\) |\Z)")
 _WRAPPED = re.compile(r"^\s*<(information|result)>(.*?)(?:</\1>\s*)?$", re.DOTALL)
 
 
