@@ -79,10 +79,10 @@ def evaluate(rollout: AgentRollout, dataset: str, questions: list[Question], pre
             f.write(json.dumps(record_of(dataset, todo[i], sample, rollout.tokenizer)) + "\n")
             f.flush()
             if writer is not None:  # after the prediction, the run's result: a crash between loses a record only
-                (group,) = records_from_samples([sample], rollout.tokenizer, 1, phase=records.phase,
-                                                step=records.step, prompt_ids=[todo[i].qid], dataset=dataset)
-                group["group"] = position[todo[i].qid]  # questions finish in any order; the page sorts by this
-                writer.append(records.phase, records.step, [group])
+                # questions finish in any order: the record's group is the question's place in its dataset
+                writer.append(records.phase, records.step, records_from_samples(
+                    [sample], rollout.tokenizer, 1, phase=records.phase, step=records.step,
+                    prompt_ids=[todo[i].qid], dataset=dataset, group_offset=position[todo[i].qid]))
 
         rollout.run_each([q.question for q in todo], [q.golds for q in todo], concurrency, write, greedy=True,
                          desc=f"eval {dataset}", progress=progress, done_before=len(questions) - len(todo))

@@ -138,12 +138,15 @@ def records_from_samples(samples: list, tokenizer, n_samples: int, *, phase: str
                          token_advantages: Sequence[Sequence[float] | None] | None = None,
                          sapo: Sequence[Mapping[str, float] | None] | None = None,
                          prompt_ids: list[str] | None = None, dataset: str | None = None,
-                         max_groups: int | None = None, limits: RecordLimits = RecordLimits()) -> list[dict]:
+                         max_groups: int | None = None, limits: RecordLimits = RecordLimits(),
+                         group_offset: int = 0) -> list[dict]:
     """Records of the single-machine runner's prompt-contiguous ``Sample`` list (local/experience.py).
 
     ``adv_cfg`` is the trainer's ``AdvantageConfig`` (None for evaluation). Per-sample inputs
     (``advantages``, ``token_advantages``, ``sapo``) follow ``samples``; ``prompt_ids`` has one
-    id per prompt group (default: a digest of the question).
+    id per prompt group (default: a digest of the question). A record's ``group`` is its prompt's
+    index in ``samples`` plus ``group_offset`` (an evaluation records one question at a time, as
+    it finishes, and passes the question's position in its dataset).
     """
     if n_samples < 1 or len(samples) % n_samples:
         raise ValueError(f"{len(samples)} samples is not a multiple of n_samples={n_samples}")
@@ -156,7 +159,7 @@ def records_from_samples(samples: list, tokenizer, n_samples: int, *, phase: str
                         sapo[i] if sapo is not None else None) for i in rows]
     first = [samples[g * n_samples] for g in groups]
     return build_groups(trajs, [s.prompt for s in first], [s.label for s in first], tokenizer, n_samples,
-                        phase=phase, step=step, adv_cfg=adv_cfg, group_ids=groups,
+                        phase=phase, step=step, adv_cfg=adv_cfg, group_ids=[group_offset + g for g in groups],
                         advantages=[float(advantages[i]) for i in rows] if advantages is not None else None,
                         prompt_ids=[prompt_ids[g] for g in groups] if prompt_ids else None, dataset=dataset,
                         limits=limits)
