@@ -2,8 +2,8 @@
 
 Our service, through HTTP the way rollouts call it (the agent's pooled async tool client,
 agent_env.tools.SandboxClient): the local backend (bwrap + cgroup) and, unless --skip-docker,
-the Docker pool in both modes (resident: the container's pid-1 runner spawns each run; warm: one
-`docker exec` per run) and Docker cold (one container per run).
+the Docker resident pool (the container's pid-1 runner spawns each run) and Docker cold (one
+container per run).
 Baselines, measured in this same run in-process (no HTTP, which favours them):
 - verl-tool style: a fresh `firejail ... python3 main.py` per execution with its flags and
   rlimits (verl_tool/servers/tools/python_code.py); skipped, with the reason, without firejail;
@@ -128,9 +128,8 @@ def main() -> None:
         print("verl-tool firejail baseline skipped: firejail is not installed (apt-get install firejail)")
     results["bare"] = row("bare python3", {c: measure_per_exec(per_exec([]), c, a.runs) for c in clients})
     if not a.skip_docker:
-        for mode in ("resident", "warm"):
-            results[f"docker_{mode}"] = bench_service(f"docker {mode}", "docker", ["--docker-mode", mode], clients,
-                                                      a.runs, a.max_concurrency)
+        results["docker_resident"] = bench_service("docker resident", "docker", ["--docker-mode", "resident"],
+                                                   clients, a.runs, a.max_concurrency)
         results["docker_cold"] = bench_service("docker cold", "docker", ["--docker-mode", "cold"], clients,
                                                a.cold_runs, a.max_concurrency)
     print("\nratios (same run):")
@@ -141,10 +140,9 @@ def main() -> None:
         print(f"  local / bare python3 per exec (no isolation) @{c:>2} clients: "
               f"{results['local'][c] / results['bare'][c]:.2f}x")
     if "docker_cold" in results:
-        for mode in ("resident", "warm"):
-            for c in clients:
-                print(f"  docker {mode} / cold @{c:>2} clients: "
-                      f"{results[f'docker_{mode}'][c] / results['docker_cold'][c]:.1f}x (goal >= 5x)")
+        for c in clients:
+            print(f"  docker resident / cold @{c:>2} clients: "
+                  f"{results['docker_resident'][c] / results['docker_cold'][c]:.1f}x (goal >= 5x)")
         for c in clients:
             print(f"  local / docker resident @{c:>2} clients: {results['local'][c] / results['docker_resident'][c]:.1f}x")
     print(json.dumps({k: {str(c): round(v, 2) for c, v in r.items()} for k, r in results.items()}))

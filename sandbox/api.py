@@ -85,7 +85,7 @@ class ExecResult:
     """What a backend observed."""
 
     outcome: Outcome
-    return_code: int | None  # the exit status as the sandbox reported it (128+N for a death by signal N)
+    return_code: int | None  # the exit status; -N for a death by signal N, as asyncio (SandboxFusion) reports it
     stdout: str
     stderr: str
     execution_time: float

@@ -16,7 +16,6 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 KILL_DEADLINE_S = 5.0
@@ -129,14 +128,13 @@ class Slot:
         """`pids.current`: live tasks *and* unreaped zombies, which `cgroup.procs` no longer lists."""
         return int(_read(os.path.join(self._pids(), "pids.current")))
 
-    def wait_uncharged(self, reap: Callable[[], int], timeout: float = KILL_DEADLINE_S) -> bool:
-        """Reap until the pids controller charges nothing here, so the next run gets all of `pids.max`."""
+    def wait_uncharged(self, timeout: float = KILL_DEADLINE_S) -> bool:
+        """Wait until the pids controller charges nothing here, so the next run gets all of `pids.max`."""
         deadline = time.monotonic() + timeout
         while self.charged_pids() > 0:
-            if reap() == 0:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.0005)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
         return True
 
     def kill_all(self, keep: frozenset[int] = frozenset()) -> int:

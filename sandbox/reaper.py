@@ -1,16 +1,16 @@
-"""Reap the orphaned bwrap processes of our own runs, whatever the host's pid 1 does.
+"""Reap the sandbox init of our own runs when it is orphaned, whatever the host's pid 1 does.
 
-Why: bwrap's outer monitor exits as soon as the sandbox's init (pid 1 of the new pid namespace)
-reports the exit code, and the init itself exits a moment later, orphaned. It is reparented to
-the nearest child subreaper or to the host's pid 1. A pid 1 that does not reap (the service as
-a container's entrypoint, a VM init such as Firecracker's process_api) leaves one zombie per
-run, and the pids controller charges zombies until they are reaped: after ~64 runs on one slot,
-`pids.max` rejects bwrap's fork and every run fails. So the service makes itself a child
-subreaper; orphans of its runs come back to it and are reaped here.
+Why: a run's init (pid 1 of its pid namespace, bwrap's child) is normally reaped by bwrap's
+monitor. When the service kills the run at its deadline it kills the monitor too, and the init,
+killed in the same instant, is orphaned: reparented to the nearest child subreaper or to the
+host's pid 1. A pid 1 that does not reap (the service as a container's entrypoint, a VM init such
+as Firecracker's process_api) keeps it a zombie for good, and the pids controller charges zombies:
+after ~64 time-outs on one slot, `pids.max` rejects the next run's fork. So the service makes
+itself a child subreaper; orphans of its runs come back to it and are reaped here.
 
-Only zombies named ``bwrap`` that this process did not spawn through :meth:`spawn` are reaped,
-so the exit status of any other child (a ``subprocess.Popen`` elsewhere in the process) is
-never stolen.
+Only the one pid a run names (bwrap's status fd reports its child's host pid) is reaped, and only
+while it is a child this process did not spawn through :meth:`spawn`, so the exit status of any
+other child (a ``subprocess.Popen`` elsewhere in the process) is never stolen.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import logging
 import os
 import subprocess
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
-ORPHAN_COMM = "bwrap"
 
 
 def _set_subreaper() -> bool:
@@ -94,20 +94,23 @@ class OrphanReaper:
         with self._lock:
             self._own.discard(pid)
 
-    def reap(self) -> int:
-        """Reap every orphaned bwrap zombie now; returns how many."""
+    def reap(self, pid: int, timeout: float) -> bool:
+        """Reap `pid` if it is an orphan of ours, waiting up to `timeout` s for it to exit; call it
+        after the process that spawned `pid` was waited for, so an orphan has already come here."""
         if not self.enabled:
-            return 0
-        n = 0
+            return False
+        deadline = time.monotonic() + timeout
         with self._lock:
-            for pid in _children() - self._own:
-                stat = _stat(f"/proc/{pid}/stat")
-                if stat is None or stat[0] != ORPHAN_COMM or stat[1] != "Z":
-                    continue
+            if pid in self._own or pid not in _children():
+                return False  # its parent reaped it, as on every run that ends on its own
+            while True:
                 try:
                     if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                        n += 1
+                        self.reaped += 1
+                        return True
                 except ChildProcessError:
-                    pass
-            self.reaped += n
-        return n
+                    return False
+                if time.monotonic() > deadline:
+                    log.warning("orphaned sandbox init %d did not exit within %.1f s", pid, timeout)
+                    return False
+                time.sleep(0.0005)

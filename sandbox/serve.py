@@ -68,9 +68,8 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--allow-weaker-isolation", action="store_true",
                    help="serve even if a guarantee failed its start-up probe (/health lists it)")
     p.add_argument("--docker-image", default="sgrpo-sandbox:latest")
-    p.add_argument("--docker-mode", choices=("resident", "warm", "cold"), default="resident",
-                   help="resident: pooled containers whose pid-1 runner spawns each run (fastest); "
-                        "warm: pooled containers, one `docker exec` per run; "
+    p.add_argument("--docker-mode", choices=("resident", "cold"), default="resident",
+                   help="resident: pooled containers whose pid-1 runner spawns each run; "
                         "cold: one container per run (the benchmark baseline)")
     add_http_flags(p)
     a = p.parse_args(argv)

@@ -1,19 +1,19 @@
 """Docker backend: a warm pool of locked-down containers, or one fresh container per run (cold).
 
-Warm: each container idles under a tiny pid-1 reaper; a run is one `docker exec` of `sh -c RUN`
-whose prefix wipes /work, /tmp and /dev/shm, proves the container clean and writes CLEAN_MARK on
-stdout, then `python3 -c BOOT` unpacks code/files from stdin into the tmpfs /work and runs the
-program. The service enforces the deadline itself, then every other process is SIGKILLed (from
-the host's view of the container cgroup, else by a cleanup exec); a container that fails the
-proof, was OOM-killed or died is removed and replaced in the background, so the pool heals.
-Resident (default): the same pool, but pid 1 is `resident_runner.py`, which spawns that same
-`sh -c RUN` command itself for each job sent over the attached stdin (skipping runc's ~100 ms per
-exec) and enforces the deadline from inside.
+Resident pool (default): each container's pid 1 is `resident_runner.py`, which takes jobs over the
+attached stdin and spawns each run itself: `sh -c RUN` whose prefix wipes /work, /tmp and
+/dev/shm, proves the container clean and writes CLEAN_MARK on stdout, then `python3 -c BOOT`
+unpacks code/files from stdin into the tmpfs /work and runs the program. The runner enforces the
+deadline and reports the program's wait status (-N for a death by signal N). After a run every
+other process is SIGKILLed (from the host's view of the container cgroup, and by the runner); a
+container that fails the proof, was OOM-killed or died is removed and replaced in the background,
+so the pool heals.
 Cold (the benchmark baseline): one fresh resident-runner container per run, removed after it.
 
-A run is classified only from what the service and its runners saw: the deadline they enforced,
-the container cgroup's oom_kill counter, and CLEAN_MARK, which the prefix writes before any
-untrusted code runs (no mark: the program never started, so the job may go to another container).
+A run is classified only from what the service and its runner saw: the deadline the runner
+enforced, the container cgroup's oom_kill counter, and CLEAN_MARK, which the prefix writes before
+any untrusted code runs (no mark: the program never started, so the job may go to another
+container).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from ..cgroups import Slot, slot_of_process
 from ..output import CappedBuffer
 from ..probe import run_probe
 from .base import Backend, EnvironmentMissing, Guarantees
-from .docker_stream import ChannelError, ResidentChannel, exchange
+from .docker_stream import ChannelError, ResidentChannel
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "sgrpo-sandbox:latest"
-MODES = ("warm", "resident", "cold")
+MODES = ("resident", "cold")
 ENV_FILE = os.path.join(os.environ.get("SGRPO_DOCKER_DIR", "/tmp/sgrpo-docker"), "env")
 USER = "65534:65534"
 PIDS_LIMIT = 64
@@ -58,12 +58,6 @@ ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0
 GRACE_S = 5.0
 LABEL = "sgrpo-sandbox"
 
-# pid 1 of a warm container: reaps orphans (SIGKILL from inside the pid ns cannot touch pid 1),
-# and exits when its stdin, held by the service, closes: a killed service leaves no container.
-REAPER = ("import os, signal, threading\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])\n"
-          "threading.Thread(target=lambda: (os.read(0, 1), os._exit(0)), daemon=True).start()\nwhile True:\n"
-          "    signal.sigwait([signal.SIGCHLD])\n    try:\n        while os.waitpid(-1, os.WNOHANG)[0]: pass\n"
-          "    except ChildProcessError: pass\n")
 # Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program), writes
 # the files, then runs main.py in this same interpreter (one Python start-up per run, not two).
 BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b) < n:\n"
@@ -73,13 +67,6 @@ BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b)
         "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
         "sys.argv = ['main.py']\ng = {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__}\n"
         "exec(compile(m['code'], 'main.py', 'exec'), g)\n")
-CLEANUP = ("i=0; while :; do kill -9 -1 2>/dev/null; set -- /proc/[0-9]*; [ $# -le 2 ] && break; "
-           "i=$((i+1)); [ $i -ge 100 ] && break; sleep 0.02; done; n=$#; "
-           "chmod -R u+rwx /work /tmp /dev/shm 2>/dev/null; "
-           "for d in /work /tmp /dev/shm; do find $d -mindepth 1 -delete 2>/dev/null; done; "
-           "left=$(ls -A /work /tmp /dev/shm | grep -cv -e '^/' -e '^$'); "
-           "oom=$(cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null "
-           "| sed -n 's/^oom_kill //p' | head -n 1); echo \"procs=$n left=$left oom=${oom:--1}\"")
 SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in ("/work", "/tmp", "/dev/shm"))
 CLEAN_MARK = "sgrpo-sandbox: clean\n"
 # Prefix of every pooled run, before any untrusted code: wipe scratch dirs, then refuse to run
@@ -151,14 +138,16 @@ def _strip_clean_mark(stdout: str) -> tuple[bool, str]:
 
 @dataclass
 class _Outcome:
-    """What one run produced, whichever way it was started."""
+    """What one run produced, as the container's resident runner reported it."""
 
-    rc: int | None
+    rc: int | None  # -N for a death by signal N
     elapsed: float
     timed_out: bool
     stdout: str
     stderr: str
-    fetched: str | bytes | None = None  # the fetch collector's answer
+    fetched: str | None  # the fetch collector's answer
+    clean: bool  # the runner killed and reaped every other process after the run
+    oom_kills: int  # the runner's reading of the container cgroup's oom_kill counter (-1: unreadable)
 
 
 @dataclass
@@ -168,12 +157,11 @@ class _Box:
     container: object
     memory_mb: int
     oom_kills: int = 0  # the container cgroup's oom_kill counter after the last cleanup
-    init_pid: int = 0  # host pid of the reaper or resident runner (pid 1 inside)
+    init_pid: int = 0  # host pid of the resident runner (pid 1 inside)
     cgroup: Slot | None = None  # the container's cgroups as seen from this host, when visible
     lifeline: socket.socket | None = None  # pid 1's attached stdin: closing it ends the container
-    channel: ResidentChannel | None = None  # resident mode: the runner's stdin/stdout, on the lifeline
+    channel: ResidentChannel | None = None  # the runner's stdin/stdout, on the lifeline
     oom_before: int = 0  # the host-visible oom_kill counter when the current run started
-    in_box_report: tuple[bool, int] | None = None  # the resident runner's (clean?, oom_kill) after a run
 
 
 class DockerBackend(Backend):
@@ -194,7 +182,7 @@ class DockerBackend(Backend):
         self.closed = False
         if mode != "cold":
             for _ in range(pool_size):
-                self._free.put(self._new_box(resident=mode == "resident"))
+                self._free.put(self._new_box())
 
     # ---- container lifecycle ----------------------------------------------------------------
     def _host_config(self, memory_mb: int) -> dict:
@@ -207,26 +195,22 @@ class DockerBackend(Backend):
                     labels={LABEL: self.service_id}, environment={"HOME": "/work", "LANG": "C.UTF-8"},
                     **self._host_config(memory_mb))
 
-    def _new_box(self, resident: bool, memory_mb: int | None = None) -> _Box:
-        # pid 1 (runner or reaper) exits when the stdin this service holds closes, i.e. when the
-        # service goes away, even by SIGKILL; auto_remove then leaves no stopped container behind
+    def _new_box(self, memory_mb: int | None = None) -> _Box:
+        # the runner exits when the stdin this service holds closes, i.e. when the service goes
+        # away, even by SIGKILL; auto_remove then leaves no stopped container behind
         memory_mb = memory_mb or self.memory_mb
-        pid1 = [RUNNER, RUN, BOOT, fetch.SOURCE] if resident else [REAPER]
         c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
-            memory_mb, ["python3", "-E", "-s", "-c", *pid1]))
+            memory_mb, ["python3", "-E", "-s", "-c", RUNNER, RUN, BOOT, fetch.SOURCE]))
         with self._lock:
             self._boxes.add(c.id)
         box = _Box(c, memory_mb)
         try:
             # attach before start, so no byte of the runner is missed
-            streams = {"stdout": 1, "stderr": 1} if resident else {}
-            sock = c.attach_socket(params={"stdin": 1, "stream": 1, **streams})
+            sock = c.attach_socket(params={"stdin": 1, "stream": 1, "stdout": 1, "stderr": 1})
             box.lifeline = getattr(sock, "_sock", sock)
-            if resident:
-                box.channel = ResidentChannel(box.lifeline, c.short_id)
+            box.channel = ResidentChannel(box.lifeline, c.short_id)
             c.start()
-            if box.channel is not None:
-                box.oom_kills = max(int(box.channel.receive(time.monotonic() + 60)["oom_kills"]), 0)
+            box.oom_kills = max(int(box.channel.receive(time.monotonic() + 60)["oom_kills"]), 0)
             c.reload()
         except (DockerException, ChannelError):
             self._discard(box)
@@ -255,7 +239,7 @@ class DockerBackend(Backend):
             return
         self.replaced += 1
         try:
-            self._free.put(self._new_box(resident=self.mode == "resident"))
+            self._free.put(self._new_box())
         except (DockerException, ChannelError):
             log.exception("could not replace a sandbox container; pool shrinks by one")
 
@@ -274,7 +258,7 @@ class DockerBackend(Backend):
                     box.container.update(mem_limit=f"{request.memory_limit_mb}m",
                                          memswap_limit=f"{request.memory_limit_mb}m")
                     box.memory_mb = request.memory_limit_mb
-                run = (self._run_resident if self.mode == "resident" else self._run_exec)(box, request, max_output_bytes)
+                run = self._run_resident(box, request, max_output_bytes)
             except (NotFound, APIError, ChannelError) as err:  # died before the code ran: heal, retry once
                 self._replace_later(box, f"sandbox container unusable ({err})")
                 if attempt:
@@ -290,27 +274,6 @@ class DockerBackend(Backend):
             return self._settle(box, request, run)
         return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
 
-    def _run_exec(self, box: _Box, request: RunRequest, cap: int) -> _Outcome:
-        """One run by `docker exec`, the deadline enforced here."""
-        self._note_oom_baseline(box)
-        exec_id = self.client.api.exec_create(box.container.id, ["sh", "-c", RUN, BOOT], stdin=True, user=USER,
-                                              workdir="/work")["Id"]
-        start = time.monotonic()
-        sock = self.client.api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
-        try:
-            stdout, stderr, timed_out = exchange(raw, _payload(request), start + request.run_timeout,
-                                                 cap + len(CLEAN_MARK))
-        finally:
-            raw.close()
-        elapsed = time.monotonic() - start
-        run = _Outcome(None if timed_out else self._exit_code(exec_id), elapsed, timed_out, stdout, stderr)
-        if request.fetch_files and not timed_out and stdout.startswith(CLEAN_MARK):
-            out = box.container.exec_run(fetch.collect_command("python3", request.fetch_files), user=USER,
-                                         workdir="/work", demux=True)
-            run.fetched = out.output[0] or b""
-        return run
-
     @staticmethod
     def _note_oom_baseline(box: _Box) -> None:
         """Read the container's oom_kill counter before a run (ChannelError: the container is gone)."""
@@ -318,15 +281,6 @@ class DockerBackend(Backend):
             box.oom_before = box.cgroup.oom_kills() if box.cgroup else 0
         except OSError as err:  # the container's cgroup is gone: so is the container
             raise ChannelError(f"container {box.container.short_id} is gone ({err})") from err
-
-    def _exit_code(self, exec_id: str) -> int | None:
-        """The exec's exit status (the engine may record it a moment after the stream closes)."""
-        for _ in range(100):
-            info = self.client.api.exec_inspect(exec_id)
-            if not info.get("Running"):
-                return info.get("ExitCode")
-            time.sleep(0.01)
-        return None
 
     def _run_resident(self, box: _Box, request: RunRequest, cap: int) -> _Outcome | ExecResult:
         """One run by the container's resident runner (an ExecResult if the runner was lost mid-run).
@@ -344,9 +298,9 @@ class DockerBackend(Backend):
             if not err.started:
                 raise
             return self._lost_mid_run(box, err, time.monotonic() - start)
-        box.in_box_report = (reply["procs_left"] == 0, int(reply["oom_kills"]))
         out, err_out = _kept_output(reply, "out", cap + len(CLEAN_MARK)), _kept_output(reply, "err", cap)
-        return _Outcome(reply["rc"], reply["elapsed"], reply["timed_out"], out, err_out, reply.get("fetched"))
+        return _Outcome(reply["rc"], reply["elapsed"], reply["timed_out"], out, err_out, reply.get("fetched"),
+                        reply["procs_left"] == 0, int(reply["oom_kills"]))
 
     def _lost_mid_run(self, box: _Box, err: ChannelError, elapsed: float) -> ExecResult:
         """The runner died during a run (the OOM killer may pick pid 1 too): report it, heal the pool."""
@@ -368,7 +322,7 @@ class DockerBackend(Backend):
         """After a run: leftovers killed, OOM decided, the container recycled or replaced.
 
         With a host view of the container's cgroup we kill and count OOMs from here; otherwise the
-        resident runner's report, or a cleanup exec, says (provably clean?, oom_kill counter or -1).
+        runner's report says whether it is provably clean, and its oom_kill counter (-1: unreadable).
         """
         if box.cgroup is not None:
             try:
@@ -377,15 +331,14 @@ class DockerBackend(Backend):
             except (OSError, RuntimeError):
                 healthy, oom = False, False
         else:
-            healthy, oom_kills = box.in_box_report or self._cleanup(box)
+            healthy, oom_kills = run.clean, run.oom_kills
             oom = oom_kills > box.oom_kills
             box.oom_kills = max(oom_kills, box.oom_kills)
-            if oom_kills < 0 and run.rc == 137 and not run.timed_out:
+            if oom_kills < 0 and run.rc == -9 and not run.timed_out:
                 # cgroup counter unreadable in the container: fall back to the engine's sticky flag
                 box.container.reload()
                 oom = bool(box.container.attrs["State"].get("OOMKilled"))
                 healthy = healthy and not oom  # the flag only resets with a new container
-        box.in_box_report = None
         if not reuse:
             self._discard(box)
         elif healthy:
@@ -394,30 +347,21 @@ class DockerBackend(Backend):
         else:
             self._replace_later(box, "cleanup could not prove the container clean")
         if run.timed_out:
-            return ExecResult(Outcome.TIMEOUT, None, run.stdout, run.stderr, run.elapsed)
-        if oom:
+            result = ExecResult(Outcome.TIMEOUT, None, run.stdout, run.stderr, run.elapsed)
+        elif oom:
             return ExecResult(Outcome.MEMORY, run.rc, run.stdout, run.stderr, run.elapsed)
-        if run.rc is None:
+        elif run.rc is None:
             return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", run.elapsed,
-                              sandbox_error="the engine reported no exit status for the run")
-        result = ExecResult(Outcome.FINISHED, run.rc, run.stdout, run.stderr, run.elapsed)
+                              sandbox_error="the runner reported no exit status for the run")
+        else:
+            result = ExecResult(Outcome.FINISHED, run.rc, run.stdout, run.stderr, run.elapsed)
         if request.fetch_files:
             result.files, result.notes = fetch.read_answer(run.fetched or b"", request.fetch_files)
         return result
 
-    def _cleanup(self, box: _Box) -> tuple[bool, int]:
-        """Kill leftovers, wipe scratch dirs; (provably clean?, cgroup oom_kill count or -1)."""
-        try:
-            out = box.container.exec_run(["sh", "-c", CLEANUP], user=USER).output.decode()
-            fields = dict(kv.split("=") for kv in out.split())
-            return int(fields["procs"]) <= 2 and int(fields["left"]) == 0, int(fields["oom"])
-        except (DockerException, ValueError, KeyError) as err:
-            log.warning("cleanup failed (%s); container will be replaced", err)
-            return False, -1
-
     def _run_cold(self, request: RunRequest, cap: int) -> ExecResult:
         """A fresh resident-runner container for this one run, removed after it."""
-        box = self._new_box(resident=True, memory_mb=request.memory_limit_mb)
+        box = self._new_box(memory_mb=request.memory_limit_mb)
         try:
             run = self._run_resident(box, request, cap)
         except ChannelError as err:

@@ -1,9 +1,9 @@
 """Talking to processes in Docker containers over hijacked attach/exec sockets.
 
 Docker multiplexes a non-TTY process's stdout and stderr on one socket as frames (an 8-byte
-header: stream id, 3 pad bytes, big-endian length). `exchange` serves one-shot programs (an exec
-or a cold container); `ResidentChannel` holds the socket of a warm container's resident runner
-(`resident_runner.py`) and swaps length-prefixed job/reply frames with it.
+header: stream id, 3 pad bytes, big-endian length). `ResidentChannel` holds the socket of a
+container's resident runner (`resident_runner.py`) and swaps length-prefixed job/reply frames
+with it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import json
 import logging
 import socket
 import struct
-import threading
 import time
-
-from ..output import CappedBuffer
 
 log = logging.getLogger(__name__)
 RUNNER_FRAME = struct.Struct(">I")
@@ -37,36 +34,6 @@ class StreamDemux:
             out.append((stream, self._pending[8:8 + size]))
             self._pending = self._pending[8 + size:]
         return out
-
-
-def exchange(sock: socket.socket, payload: bytes, deadline: float, cap: int) -> tuple[str, str, bool]:
-    """Send stdin (in a thread: the program may never read it), demultiplex output until EOF."""
-    def feed() -> None:
-        try:
-            sock.sendall(payload)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    threading.Thread(target=feed, daemon=True).start()
-    bufs = {1: CappedBuffer(cap), 2: CappedBuffer(cap)}
-    demux, timed_out = StreamDemux(), False
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        sock.settimeout(remaining)
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            timed_out = True
-            break
-        if not chunk:
-            break
-        for stream, data in demux.feed(chunk):
-            bufs.get(stream, bufs[2]).write(data)
-    return bufs[1].text(), bufs[2].text(), timed_out
 
 
 class ChannelError(RuntimeError):

@@ -7,9 +7,15 @@ accounted and killable), sets the rlimits and drops to uid 65534 for good. bwrap
 network (no interfaces but lo), pid, ipc, uts and user namespace, a read-only root made of /usr
 only, and fresh size-capped tmpfs /work, /tmp and /dev/shm that vanish with the mount namespace.
 
+Inside, pid 1 is our own init (`sandbox_init.py`, bwrap `--as-pid-1`), not bwrap's: it starts
+the program, reaps orphans, and reports the program's wait status on a pipe the program never
+holds, so a death by signal N reads -N as in SandboxFusion, where bwrap's monitor would fold it
+into 128 + N like `exit(128 + N)`.
+
 How a run ended is decided from what the service saw, never from the program's output: its own
-deadline (a time-out), the slot's `oom_kill` counter (a memory kill), and bwrap's status fd,
-which reports an `exit-code` only when the program was started (else the sandbox failed).
+deadline (a time-out), the slot's `oom_kill` counter (a memory kill), bwrap's status fd (an
+`exit-code` only once the sandbox was set up) and the init's report (its first line is written
+before the program exists; then the program's status, or why it could not be started).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ log = logging.getLogger(__name__)
 SANDBOX_UID = 65534
 SCRATCH_BYTES = 64 << 20  # each of /work, /tmp and /dev/shm
 PIDS_MAX = 64
-SETTLE_S = 0.5  # how long a finished run's orphaned sandbox init may take to exit and be reaped
+INIT_GRACE_S = 5.0  # past run_timeout, the service ends a run whose init did not (then no files come back)
+SETTLE_S = 0.5  # how long a killed run's orphaned sandbox init may take to exit and be reaped
 NOFILE = 256
 FSIZE_BYTES = 64 << 20
 PYTHON = "/usr/bin/python3"
@@ -45,6 +52,7 @@ ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", 
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
 STATUS_CAP = 1 << 16
+REPORT_SLACK = 4096  # the init's "started" line and returncode around the fetch answer
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -61,16 +69,20 @@ def _read_all(fd: int, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-def _program_exit_code(status: bytes) -> int | None:
-    """bwrap's `--json-status-fd` stream: the program's exit status, or None if it never started."""
+def _bwrap_status(status: bytes) -> tuple[int | None, int | None]:
+    """bwrap's `--json-status-fd` stream: (its child's host pid, its child's exit status), each None
+    if not reported; an exit status comes only once the sandbox was set up."""
+    child_pid = exit_code = None
     for line in status.decode(errors="replace").splitlines():
         try:
             doc = json.loads(line)
         except ValueError:
             continue
+        if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int):
+            child_pid = doc["child-pid"]
         if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
-            return doc["exit-code"]
-    return None
+            exit_code = doc["exit-code"]
+    return child_pid, exit_code
 
 
 class LocalBackend(Backend):
@@ -94,7 +106,7 @@ class LocalBackend(Backend):
 
     # ---- command construction -------------------------------------------------------------
     def _bwrap_args(self, files: list[tuple[int, str]], status_fd: int, command: list[str]) -> list[str]:
-        args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user",
+        args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--as-pid-1",
                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox",
                 "--json-status-fd", str(status_fd), "--ro-bind", "/usr", "/usr"]
@@ -154,15 +166,10 @@ class LocalBackend(Backend):
     def _execute(self, request: RunRequest, slot: Slot | None, files: list[tuple[int, str]], fds: list[int],
                  max_output_bytes: int, oom_before: int) -> ExecResult:
         status_r, status_w = os.pipe()
-        fds.append(status_r)
-        side_caps, passed = {}, [fd for fd, _ in files] + [status_w]
-        command, fetch_r = PROGRAM, -1
-        if request.fetch_files:
-            fetch_r, fetch_w = os.pipe()
-            fds.append(fetch_r)
-            side_caps[fetch_r] = fetch.ANSWER_CAP
-            passed.append(fetch_w)
-            command = fetch.run_then_collect_command(PYTHON, fetch_w, request.fetch_files, PROGRAM)
+        report_r, report_w = os.pipe()
+        fds += [status_r, report_r]
+        passed = [fd for fd, _ in files] + [status_w, report_w]
+        command = fetch.init_command(PYTHON, report_w, request.run_timeout, request.fetch_files, PROGRAM)
         cmd = [*self._launch_prefix(slot), *self._bwrap_args(files, status_w, command)]
         start = time.monotonic()
         try:
@@ -173,7 +180,8 @@ class LocalBackend(Backend):
             for fd in passed[len(files):]:  # the write ends now live in the child only
                 os.close(fd)
         try:
-            captured = pump(proc, request.stdin, start + request.run_timeout, max_output_bytes, side_caps)
+            captured = pump(proc, request.stdin, start + request.run_timeout + INIT_GRACE_S, max_output_bytes,
+                            {report_r: fetch.ANSWER_CAP + REPORT_SLACK})
         finally:
             if slot is not None:
                 slot.kill_all()
@@ -184,25 +192,39 @@ class LocalBackend(Backend):
             rc = proc.wait()
             self.reaper.forget(proc.pid)
         elapsed = time.monotonic() - start
-        self._settle(slot)
-        exit_code = _program_exit_code(_read_all(status_r, STATUS_CAP))
-        if captured.timed_out:
+        init_pid, exit_code = _bwrap_status(_read_all(status_r, STATUS_CAP))
+        self._settle(slot, init_pid)
+        set_up = exit_code is not None
+        report = fetch.read_init_report(captured.side[report_r])
+        if captured.timed_out:  # the init did not end the run at its deadline: ours, later, did
             return ExecResult(Outcome.TIMEOUT, None, captured.stdout, captured.stderr, elapsed)
+        if report.timed_out:
+            result = ExecResult(Outcome.TIMEOUT, None, captured.stdout, captured.stderr, elapsed)
+            return self._with_fetched(result, request, report)
         if slot is not None and slot.oom_kills() > oom_before:
-            return ExecResult(Outcome.MEMORY, exit_code, captured.stdout, captured.stderr, elapsed)
-        if exit_code is None:  # the program never started: stderr is the launcher's or bwrap's own
+            return ExecResult(Outcome.MEMORY, report.returncode, captured.stdout, captured.stderr, elapsed)
+        if not (set_up and report.started):  # the program never started: stderr is the launcher's or bwrap's own
             reason = captured.stderr.strip()[-2000:] or f"the sandbox launcher exited with status {rc}"
             return ExecResult(Outcome.SANDBOX_ERROR, rc, "", "", elapsed, sandbox_error=reason)
-        result = ExecResult(Outcome.FINISHED, exit_code, captured.stdout, captured.stderr, elapsed)
+        if not report.ended:
+            reason = (f"the sandbox could not start the program: {report.spawn_error}" if report.spawn_error
+                      else f"the sandbox's init ended (status {rc}) without reporting the program's status")
+            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", elapsed, sandbox_error=reason)
+        result = ExecResult(Outcome.FINISHED, report.returncode, captured.stdout, captured.stderr, elapsed)
+        return self._with_fetched(result, request, report)
+
+    @staticmethod
+    def _with_fetched(result: ExecResult, request: RunRequest, report: fetch.InitReport) -> ExecResult:
         if request.fetch_files:
-            result.files, result.notes = fetch.read_answer(captured.side[fetch_r], request.fetch_files)
+            result.files, result.notes = fetch.read_answer(report.answer, request.fetch_files)
         return result
 
-    def _settle(self, slot: Slot | None) -> None:
-        """Reap this run's orphaned sandbox init (see sandbox/reaper.py) before the slot is reused."""
-        if slot is None or not self.reaper.enabled:
-            self.reaper.reap()
-        elif not slot.wait_uncharged(self.reaper.reap, SETTLE_S):
+    def _settle(self, slot: Slot | None, init_pid: int | None) -> None:
+        """Reap the run's init if it was orphaned (see sandbox/reaper.py), then check that the slot
+        charges no pid, so the next run gets all of `pids.max`."""
+        if init_pid is not None:
+            self.reaper.reap(init_pid, SETTLE_S)
+        if slot is not None and not slot.wait_uncharged(SETTLE_S):
             log.warning("slot %s still charges %d pids after the run", slot.dirs, slot.charged_pids())
 
     # ---- start-up probe ---------------------------------------------------------------------

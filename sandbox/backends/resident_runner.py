@@ -1,24 +1,28 @@
-"""Resident job runner: pid 1 of a warm Docker sandbox container in `--docker-mode resident`.
+"""Resident job runner: pid 1 of every pooled Docker sandbox container.
 
 Why: a `docker exec` costs ~100 ms of runc work on its own, so a per-run exec can never be much
 faster than a cold container. This runner stays in the container and starts each run itself with
-`posix_spawn`, so a run costs one Python start-up. The run is still the exec mode's command,
-`sh -c RUN BOOT` (scratch wipe + cleanliness proof and its mark on stdout, then `python3 BOOT`).
-The runner enforces the run's deadline itself (it kills every other process at `timeout`), so a
-time-out is the runner's own fact, never read from the program's exit status.
+`posix_spawn`, so a run costs one Python start-up. A run is `sh -c RUN BOOT` (scratch wipe and
+cleanliness proof with its mark on stdout, then `exec python3 BOOT`). Being the program's parent,
+the runner sees its wait status, so a death by signal N reads -N (as in SandboxFusion), never the
+128 + N that an exec's exit code would fold it into. It enforces the run's deadline itself (it
+kills every other process at `timeout`), so a time-out is the runner's own fact, never read from
+the program's exit status.
 
 It runs INSIDE the container, as the same unprivileged uid as the code, from `python3 -c` source
-(stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1, so signals
-from inside the pid namespace are dropped (it installs no handler), and it marks itself
-non-dumpable, so ptrace and /proc/1/{fd,mem} are refused. After each run it SIGKILLs every other
-process (kill(-1) from pid 1 spares only itself) and reaps them, so nothing outlives a run.
+(stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1 with no signal
+handlers (it drops Python's SIGINT handler), so signals from inside the pid namespace are dropped,
+and it marks itself non-dumpable, so ptrace and /proc/1/{fd,mem} are refused. After each run it
+SIGKILLs every other process (kill(-1) from pid 1 spares only itself) and reaps them, so nothing
+outlives a run.
 
 Protocol on its stdin/stdout, the container's attached streams (frames are >I length + bytes):
   in:  JSON {"timeout": s, "cap": bytes per stream, "fetch": [names], "fetch_cap": bytes}, then the
        run's stdin payload
-  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc",
-       "elapsed", "timed_out", "out", "err" (base64 of the kept bytes), "out_dropped", "err_dropped",
-       "procs_left", "oom_kills", "fetched" (the fetch collector's JSON answer, or null)}
+  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc" (-N
+       for a death by signal N), "elapsed", "timed_out", "out", "err" (base64 of the kept bytes),
+       "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetched" (the fetch collector's
+       JSON answer, or null)}
 """
 
 import base64
@@ -148,11 +152,10 @@ def run_job(job, payload):
         for fd, ev in events:
             if fd == pidfd:
                 poller.unregister(pidfd)
-                try:
+                try:  # -N for a death by signal N, as SandboxFusion's asyncio runner reports it
                     rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                    rc = 128 - rc if rc < 0 else rc
                 except ChildProcessError:  # already reaped by the kill at the deadline
-                    rc = 137
+                    rc = -signal.SIGKILL
                 kill_all_others()  # daemonized heirs die with the run and close the pipes
             elif fd == in_w:
                 try:
@@ -179,7 +182,8 @@ def run_job(job, payload):
     for fd in open_fds:
         os.close(fd)
     os.close(pidfd)
-    fetched = fetch_files(job["fetch"], int(job["fetch_cap"])) if job.get("fetch") and not timed_out else None
+    # after a time-out too, as SandboxFusion does (its run_commands reads fetch_files whatever the status)
+    fetched = fetch_files(job["fetch"], int(job["fetch_cap"])) if job.get("fetch") else None
     return {"rc": rc, "elapsed": elapsed, "timed_out": timed_out, "out": base64.b64encode(kept[out_r]).decode(),
             "err": base64.b64encode(kept[err_r]).decode(), "out_dropped": dropped[out_r],
             "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills(),
@@ -187,6 +191,7 @@ def run_job(job, payload):
 
 
 def main():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's handler would let the code's SIGINT in
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     write_frame(json.dumps({"ready": True, "oom_kills": oom_kills()}).encode())
     while True:

@@ -1,0 +1,163 @@
+"""What runs INSIDE a sandbox beside the program: the local backend's pid 1, and the fetch collector.
+
+stdlib only, shipped as `python3 -I -S -c` source (see sandbox/fetch.py), run as the sandbox user.
+
+  init FD TIMEOUT CAP NAME... -- PROG ARG...  pid 1 of a local run (bwrap --as-pid-1): start PROG,
+                                 reap every orphan, end the run at TIMEOUT seconds, then report on
+                                 FD, which PROG never holds
+  fetch CAP NAME...              {"files", "omitted"} on stdout (the Docker runner's collector)
+
+Why an init of our own: bwrap's monitor, like a Docker exec's exit code, folds a death by signal N
+into 128 + N, which `exit(128 + N)` also gives. Only the program's parent sees its wait status, so
+the parent is this init, and it reports out of band, never through the program's output:
+  line 1, before PROG exists: "started"
+  line 2, after PROG ended:   {"returncode": N or null, "timed_out": bool, "files": {name: base64},
+                              "omitted": [names]}, N being -S for a death by signal S, as
+                              SandboxFusion's asyncio runner reports it; or {"spawn_error": "..."}
+At TIMEOUT the init SIGKILLs every other process of the namespace and still collects the fetched
+files, as SandboxFusion does after a time-out (the service keeps its own, later deadline in case
+the init cannot). The program cannot write to FD or stop the init: the init is non-dumpable (no
+ptrace, no /proc/1/fd for it), and as pid 1 of the pid namespace without handlers it receives no
+signal from inside it (SIGCHLD, which it waits for, is blocked, not handled). When the init exits,
+the kernel kills whatever is left.
+
+Fetched files are read after the program ended, by the sandbox user, so they are what the program
+itself could read: a FIFO or device under a fetched name is skipped, never opened for a blocking
+read, and regular files past CAP bytes in total are named in "omitted". Names are taken as
+SandboxFusion takes them: relative to the cwd (/work), or absolute.
+"""
+
+import os
+import signal
+import stat
+import sys
+import time
+
+PR_SET_DUMPABLE = 4
+
+
+def read_regular(name, room):
+    """(bytes or None if not a readable regular file, over_room?)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None, False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, False
+        chunks, size = [], 0
+        while size <= room:
+            chunk = os.read(fd, min(1 << 20, room + 1 - size))
+            if not chunk:
+                return b"".join(chunks), False
+            chunks.append(chunk)
+            size += len(chunk)
+        return None, True
+    except OSError:
+        return None, False
+    finally:
+        os.close(fd)
+
+
+def collect(cap, names, **extra):
+    """The JSON answer: `extra` fields, then the fetched files (base64) and the omitted names."""
+    import base64
+    import json
+
+    files, omitted, total = {}, [], 0
+    for name in names:
+        data, over = read_regular(name, cap - total)
+        if over:
+            omitted.append(name)
+        elif data is not None:
+            files[name] = base64.b64encode(data).decode()
+            total += len(data)
+    return json.dumps({**extra, "files": files, "omitted": omitted})
+
+
+def report(returncode, timed_out, cap, names):
+    if not names:  # the common run: no json/base64 import on its path
+        return '{"returncode": %s, "timed_out": %s, "files": {}, "omitted": []}' % (
+            "null" if returncode is None else returncode, "true" if timed_out else "false")
+    return collect(cap, names, returncode=returncode, timed_out=timed_out)
+
+
+def reap_all(pid):
+    """Reap every exited child; the status of `pid` if it was among them."""
+    found = None
+    while True:
+        try:
+            child, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if child == 0:
+            return found
+        if child == pid:
+            found = status
+
+
+def kill_all_others():
+    """SIGKILL every other process of the pid namespace (kill(-1) from pid 1 spares only itself)."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            break
+        reap_all(0)
+        time.sleep(0.001)
+    reap_all(0)
+
+
+def wait_for(pid, deadline):
+    """The wait status of `pid`, or None at the deadline; orphans are reaped as they exit."""
+    while True:
+        status = reap_all(pid)
+        if status is not None:
+            return status
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        signal.sigtimedwait([signal.SIGCHLD], remaining)
+
+
+def init(out_fd, timeout, cap, names, prog):
+    """Run `prog` as the only child of pid 1 until it ends or `timeout` s pass; report on `out_fd`."""
+    start = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # pid 1 without handlers: signals from inside are dropped
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # waited for with sigtimedwait
+    os.set_inheritable(out_fd, False)
+    import ctypes
+
+    out = os.fdopen(out_fd, "w")
+    out.write("started\n")
+    out.flush()
+    if ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        out.write('{"spawn_error": "prctl(PR_SET_DUMPABLE, 0) failed"}\n')
+        return 127
+    try:  # Python ignores SIGPIPE and SIGXFSZ; an ignored signal would stay ignored across exec
+        pid = os.posix_spawn(prog[0], prog, os.environ, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ), setsigmask=())
+    except OSError as err:
+        import json
+
+        out.write(json.dumps({"spawn_error": str(err)}) + "\n")
+        return 127
+    status = wait_for(pid, start + timeout)
+    if status is None:
+        kill_all_others()
+    returncode = None if status is None else os.waitstatus_to_exitcode(status)
+    out.write(report(returncode, status is None, cap, names) + "\n")
+    out.close()
+    if returncode is None:
+        return 137
+    return returncode if returncode >= 0 else 128 - returncode  # what bwrap's monitor logs
+
+
+def main(argv):
+    if argv[0] == "fetch":
+        sys.stdout.write(collect(int(argv[1]), argv[2:]))
+        return 0
+    split = argv.index("--")
+    return init(int(argv[1]), float(argv[2]), int(argv[3]), argv[4:split], argv[split + 1:])
+
+
+sys.exit(main(sys.argv[1:]))
