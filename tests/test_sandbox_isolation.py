@@ -264,6 +264,24 @@ def test_no_state_leaks_between_runs(backend):
         assert res.stdout == "False False\n", res
 
 
+IPC_MAKE = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.shmget(0x5eed, 4096, 0o1600) >= 0, libc.semget(0x5eed, 1, 0o1600) >= 0,\n"
+            "      libc.msgget(0x5eed, 0o1600) >= 0, libc.mq_open(b'/sgrpo-leak', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0)\n")
+IPC_LOOK = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "left = [line for t in ('shm', 'sem', 'msg') for line in open(f'/proc/sysvipc/{t}').read().splitlines()[1:]]\n"
+            "print(left, libc.mq_open(b'/sgrpo-leak', os.O_RDONLY) >= 0)\n")
+
+
+def test_no_ipc_objects_outlive_a_run(backend):
+    """SysV shared memory, semaphores and message queues and POSIX message queues outlive every
+    process of their IPC namespace: a pooled container must not hand them to the next run."""
+    made = run(backend, IPC_MAKE)
+    assert made.stdout == "True True True True\n", made
+    for _ in range(POOL + 1):  # every pooled slot/container gets visited
+        res = run(backend, IPC_LOOK)
+        assert res.stdout == "[] False\n", res
+
+
 def test_bad_file_path_rejected():
     from sandbox.api import RequestError
 

@@ -67,14 +67,21 @@ BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b)
         "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
         "sys.argv = ['main.py']\ng = {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__}\n"
         "exec(compile(m['code'], 'main.py', 'exec'), g)\n")
-SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in ("/work", "/tmp", "/dev/shm"))
+# What a run can leave behind in a pooled container: files in these dirs (POSIX message queues
+# are files in /dev/mqueue) and SysV IPC objects, which outlive every process of the IPC namespace.
+SCRATCH_DIRS = "/work /tmp /dev/shm /dev/mqueue"
+SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in SCRATCH_DIRS.split())
+SYSV_LEFT = 'for t in shm sem msg; do { read -r _; read -r _; } < /proc/sysvipc/$t 2>/dev/null && '
 CLEAN_MARK = "sgrpo-sandbox: clean\n"
-# Prefix of every pooled run, before any untrusted code: wipe scratch dirs, then refuse to run
-# unless only pid 1 and this shell exist and the dirs are empty; if so, write CLEAN_MARK first.
-RUN = ('b="$0"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx /work /tmp /dev/shm; '
-       'rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null; }; set -- /proc/[0-9]*; '
+# Prefix of every pooled run, before any untrusted code: wipe scratch dirs and SysV IPC objects,
+# then refuse to run unless only pid 1 and this shell exist and nothing is left; if so, write
+# CLEAN_MARK first.
+RUN = ('b="$0"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx ' + SCRATCH_DIRS + '; '
+       'rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null; }; '
+       + SYSV_LEFT + '{ ipcrm --all 2>/dev/null; break; }; done; set -- /proc/[0-9]*; '
        '[ $# -le 2 ] || { echo "not clean: $# processes" >&2; exit 1; }; '
        'for f in ' + SCRATCH_GLOBS + '; do [ -e "$f" ] && { echo "not clean: $f" >&2; exit 1; }; done; '
+       + SYSV_LEFT + '{ echo "not clean: SysV $t objects" >&2; exit 1; }; done; '
        f"printf '%s' '{CLEAN_MARK}'; exec python3 -E -s -c \"$b\"")
 with open(os.path.join(os.path.dirname(__file__), "resident_runner.py")) as _fh:
     RUNNER = _fh.read()  # shipped as `python3 -c` source: the image needs no rebuild for it
