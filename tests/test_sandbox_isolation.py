@@ -142,6 +142,26 @@ def test_pid_1_is_out_of_the_codes_reach(backend):
     assert getattr(backend, "replaced", 0) == replaced  # no runner died: a pool never had to heal
 
 
+TRACEBACK = ("Traceback (most recent call last):\n"
+             '  File "/work/main.py", line 3, in <module>\n    f()\n'
+             '  File "/work/main.py", line 2, in f\n    return 1 / 0\n           ~~^~~\n'
+             "ZeroDivisionError: division by zero\n")
+
+
+@pytest.mark.parametrize("code, stdout, stderr", [
+    ("def f():\n    return 1 / 0\nf()", "", TRACEBACK),
+    ("x = (", "", '  File "/work/main.py", line 1\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\n'),
+    ("import sys, os\nprint(sys.argv, __file__, sys.path[0], os.getcwd(), __name__)", "['main.py'] /work/main.py /work /work __main__\n", ""),
+    ("import sys\nprint(sorted(m for m in ('json', 'base64', 'runpy') if m in sys.modules))", "[]\n", ""),
+    ("import warnings\nwarnings.warn('w')", "", "/work/main.py:2: UserWarning: w\n  warnings.warn('w')\n"),
+], ids=["traceback", "syntax error", "argv and paths", "fresh interpreter", "warning"])
+def test_the_program_sees_what_python3_main_py_sees(backend, code, stdout, stderr):
+    """Every backend runs `python3 -E -s main.py` in /work, so what a policy reads back (tracebacks
+    above all) does not depend on the backend: no frame, path or module of a launcher shows."""
+    res = run(backend, code)
+    assert (res.stdout, res.stderr) == (stdout, stderr), res
+
+
 def test_launcher_lookalike_output_is_the_programs_output(backend):
     """Output that starts like a launcher or bwrap error is still the program's own."""
     res = run(backend, "import sys\nprint('bwrap: Can\\'t mount', file=sys.stderr)\n"
@@ -262,6 +282,25 @@ def test_no_state_leaks_between_runs(backend):
     for _ in range(POOL + 1):  # every pooled slot/container gets visited
         res = run(backend, "import os; print(os.path.exists('/work/secret'), os.path.exists('/tmp/secret'))")
         assert res.stdout == "False False\n", res
+
+
+HOSTILE_LEFTOVERS = ("import os\nos.chdir('/work')\nfor _ in range(1500):  # deeper than Python's recursion limit\n"
+                     "    os.mkdir('d')\n    os.chdir('d')\nopen('bottom', 'w').write('x')\n"
+                     "os.makedirs('/tmp/locked/inner')\nopen('/tmp/locked/inner/f', 'w').write('x')\n"
+                     "os.chmod('/tmp/locked/inner', 0)\nos.chmod('/tmp/locked', 0o500)\n"
+                     "open('/dev/shm/.hidden', 'w').write('x')\nos.symlink('/etc/passwd', '/work/link')\nprint('made')\n")
+SCRATCH_LOOK = "import os\nprint([os.listdir(d) for d in ('/work', '/tmp', '/dev/shm')])"
+
+
+def test_hostile_leftovers_are_wiped_without_losing_the_container(backend):
+    """A deep tree, unreadable and unwritable dirs, dotfiles and a symlink out: the next runs start
+    with empty scratch dirs, and a pooled container is wiped, not refused and replaced."""
+    replaced = getattr(backend, "replaced", 0)
+    assert run(backend, HOSTILE_LEFTOVERS).stdout == "made\n"
+    for _ in range(POOL + 1):  # every pooled slot/container gets visited
+        res = run(backend, SCRATCH_LOOK)
+        assert (res.outcome, res.stdout) == (FINISHED, "[['main.py'], [], []]\n"), res
+    assert getattr(backend, "replaced", 0) == replaced
 
 
 IPC_MAKE = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -465,14 +504,15 @@ def test_resident_runner_enforces_the_deadline_itself():
     """The runner kills the run and every heir at `timeout` and says so out of band (`timed_out`)."""
     import time
 
-    from sandbox.backends.docker_pool import _payload
+    from sandbox.backends.docker_pool import _job
 
     backend = _docker_backend(pool_size=1)
     try:
         box = backend._free.get()
-        request = parse_run_request({"code": "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(30)"})
+        request = parse_run_request({"code": "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(30)",
+                                     "run_timeout": 1})
         start = time.monotonic()
-        reply = box.channel.call({"timeout": 1, "cap": 64, "fetch": [], "fetch_cap": 0}, _payload(request), start + 30)
+        reply = box.channel.call(_job(request, 64), b"", start + 30)
         assert reply["timed_out"] and reply["procs_left"] == 0, reply
         assert time.monotonic() - start < 10
         backend._free.put(box)

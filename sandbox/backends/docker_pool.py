@@ -1,25 +1,23 @@
 """Docker backend: a warm pool of locked-down containers, or one fresh container per run (cold).
 
 Resident pool (default): each container's pid 1 is `resident_runner.py`, which takes jobs over the
-attached stdin and spawns each run itself: `sh -c RUN` whose prefix wipes /work, /tmp and
-/dev/shm, proves the container clean and writes CLEAN_MARK on stdout, then `python3 -c BOOT`
-unpacks code/files from stdin into the tmpfs /work and runs the program. The runner enforces the
-deadline and reports the program's wait status (-N for a death by signal N). After a run every
-other process is SIGKILLed (from the host's view of the container cgroup, and by the runner); a
-container that fails the proof, was OOM-killed or died is removed and replaced in the background,
-so the pool heals.
+attached stdin: it proves the container clean, writes the code and files into the tmpfs /work,
+spawns `python3 -E -s main.py` (as the local backend does), enforces the deadline and reports the
+program's wait status (-N for a death by signal N), then wipes /work, /tmp, /dev/shm,
+/dev/mqueue and SysV IPC objects. After a run every other process is SIGKILLed (from the host's
+view of the container cgroup, and by the runner); a container that is not provably clean, was
+OOM-killed or died is removed and replaced in the background, so the pool heals.
 Cold (the benchmark baseline): one fresh resident-runner container per run, removed after it.
 
-A run is classified only from what the service and its runner saw: the deadline the runner
-enforced, the container cgroup's oom_kill counter, and CLEAN_MARK, which the prefix writes before
-any untrusted code runs (no mark: the program never started, so the job may go to another
-container).
+A run is classified only from what the service and its runner saw, never from the program's
+output: the deadline the runner enforced, the container cgroup's oom_kill counter, and the
+runner's acceptance of the job (refused when the container is not clean: the job then goes to
+another container).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import os
 import queue
@@ -58,31 +56,6 @@ ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0
 GRACE_S = 5.0
 LABEL = "sgrpo-sandbox"
 
-# Reads a length-prefixed JSON header from unbuffered stdin (the rest stays for the program), writes
-# the files, then runs main.py in this same interpreter (one Python start-up per run, not two).
-BOOT = ("import base64, json, os, sys\ndef rd(n):\n    b = b''\n    while len(b) < n:\n"
-        "        c = os.read(0, n - len(b))\n        if not c: break\n        b += c\n    return b\n"
-        "m = json.loads(rd(int(rd(10))))\nfor p, d in m['files'].items():\n"
-        "    os.makedirs(os.path.dirname(p), exist_ok=True)\n"
-        "    open(p, 'wb').write(base64.b64decode(d))\nopen('main.py', 'w').write(m['code'])\n"
-        "sys.argv = ['main.py']\ng = {'__name__': '__main__', '__file__': 'main.py', '__builtins__': __builtins__}\n"
-        "exec(compile(m['code'], 'main.py', 'exec'), g)\n")
-# What a run can leave behind in a pooled container: files in these dirs (POSIX message queues
-# are files in /dev/mqueue) and SysV IPC objects, which outlive every process of the IPC namespace.
-SCRATCH_DIRS = "/work /tmp /dev/shm /dev/mqueue"
-SCRATCH_GLOBS = " ".join(f"{d}/* {d}/.[!.]* {d}/..?*" for d in SCRATCH_DIRS.split())
-SYSV_LEFT = 'for t in shm sem msg; do { read -r _; read -r _; } < /proc/sysvipc/$t 2>/dev/null && '
-CLEAN_MARK = "sgrpo-sandbox: clean\n"
-# Prefix of every pooled run, before any untrusted code: wipe scratch dirs and SysV IPC objects,
-# then refuse to run unless only pid 1 and this shell exist and nothing is left; if so, write
-# CLEAN_MARK first.
-RUN = ('b="$0"; rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null || { chmod -R u+rwx ' + SCRATCH_DIRS + '; '
-       'rm -rf ' + SCRATCH_GLOBS + ' 2>/dev/null; }; '
-       + SYSV_LEFT + '{ ipcrm --all 2>/dev/null; break; }; done; set -- /proc/[0-9]*; '
-       '[ $# -le 2 ] || { echo "not clean: $# processes" >&2; exit 1; }; '
-       'for f in ' + SCRATCH_GLOBS + '; do [ -e "$f" ] && { echo "not clean: $f" >&2; exit 1; }; done; '
-       + SYSV_LEFT + '{ echo "not clean: SysV $t objects" >&2; exit 1; }; done; '
-       f"printf '%s' '{CLEAN_MARK}'; exec python3 -E -s -c \"$b\"")
 with open(os.path.join(os.path.dirname(__file__), "resident_runner.py")) as _fh:
     RUNNER = _fh.read()  # shipped as `python3 -c` source: the image needs no rebuild for it
 
@@ -122,10 +95,11 @@ def connect(image: str) -> docker.DockerClient:
     return client
 
 
-def _payload(request: RunRequest) -> bytes:
-    header = json.dumps({"code": request.code,
-                         "files": {p: base64.b64encode(d).decode() for p, d in request.files.items()}}).encode()
-    return b"%010d" % len(header) + header + request.stdin
+def _job(request: RunRequest, cap: int) -> dict:
+    """The runner's job header for `request`; its stdin travels as the frame after it."""
+    return {"timeout": request.run_timeout, "cap": cap, "fetch": list(request.fetch_files),
+            "fetch_cap": MAX_FETCH_BYTES, "code": request.code,
+            "files": {path: base64.b64encode(data).decode() for path, data in request.files.items()}}
 
 
 def _kept_output(reply: dict, key: str, cap: int) -> str:
@@ -134,13 +108,6 @@ def _kept_output(reply: dict, key: str, cap: int) -> str:
     buf.write(base64.b64decode(reply[key]))
     buf.dropped += int(reply[f"{key}_dropped"])
     return buf.text()
-
-
-def _strip_clean_mark(stdout: str) -> tuple[bool, str]:
-    """(did the prefix prove the container clean and start the program?, the program's stdout)."""
-    if stdout.startswith(CLEAN_MARK):
-        return True, stdout[len(CLEAN_MARK):]
-    return False, stdout
 
 
 @dataclass
@@ -155,6 +122,7 @@ class _Outcome:
     fetched: str | None  # the fetch collector's answer
     clean: bool  # the runner killed and reaped every other process after the run
     oom_kills: int  # the runner's reading of the container cgroup's oom_kill counter (-1: unreadable)
+    setup_error: str | None = None  # the runner could not write the run's files: the code never ran
 
 
 @dataclass
@@ -207,7 +175,7 @@ class DockerBackend(Backend):
         # away, even by SIGKILL; auto_remove then leaves no stopped container behind
         memory_mb = memory_mb or self.memory_mb
         c = self.client.containers.create(stdin_open=True, auto_remove=True, **self._container_kwargs(
-            memory_mb, ["python3", "-E", "-s", "-c", RUNNER, RUN, BOOT, fetch.SOURCE]))
+            memory_mb, ["python3", "-E", "-s", "-c", RUNNER, fetch.SOURCE]))
         with self._lock:
             self._boxes.add(c.id)
         box = _Box(c, memory_mb)
@@ -258,7 +226,8 @@ class DockerBackend(Backend):
     def run(self, request: RunRequest, max_output_bytes: int) -> ExecResult:
         if self.mode == "cold":
             return self._run_cold(request, max_output_bytes)
-        for attempt in range(2):
+        why = ""
+        for _ in range(2):
             box = self._free.get()
             try:
                 if box.memory_mb != request.memory_limit_mb:
@@ -266,20 +235,14 @@ class DockerBackend(Backend):
                                          memswap_limit=f"{request.memory_limit_mb}m")
                     box.memory_mb = request.memory_limit_mb
                 run = self._run_resident(box, request, max_output_bytes)
-            except (NotFound, APIError, ChannelError) as err:  # died before the code ran: heal, retry once
+            except (NotFound, APIError, ChannelError) as err:  # the code never ran: heal, retry once elsewhere
                 self._replace_later(box, f"sandbox container unusable ({err})")
-                if attempt:
-                    raise
+                why = str(err)
                 continue
             if isinstance(run, ExecResult):  # lost mid-run: already classified
                 return run
-            clean, stdout = _strip_clean_mark(run.stdout)
-            if not clean and not run.timed_out:  # the prefix refused to start the program: retry elsewhere
-                self._replace_later(box, f"container not clean: {run.stderr.strip()[-300:]}")
-                continue
-            run.stdout = stdout
             return self._settle(box, request, run)
-        return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error="no clean sandbox container available")
+        return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error=f"no usable sandbox container: {why}")
 
     @staticmethod
     def _note_oom_baseline(box: _Box) -> None:
@@ -297,15 +260,15 @@ class DockerBackend(Backend):
         assert box.channel is not None
         self._note_oom_baseline(box)
         start = time.monotonic()
-        job = {"timeout": request.run_timeout, "cap": cap + len(CLEAN_MARK), "fetch": list(request.fetch_files),
-               "fetch_cap": MAX_FETCH_BYTES}
         try:
-            reply = box.channel.call(job, _payload(request), start + request.run_timeout + 3 * GRACE_S)
+            reply = box.channel.call(_job(request, cap), request.stdin, start + request.run_timeout + 3 * GRACE_S)
         except ChannelError as err:
             if not err.started:
                 raise
             return self._lost_mid_run(box, err, time.monotonic() - start)
-        out, err_out = _kept_output(reply, "out", cap + len(CLEAN_MARK)), _kept_output(reply, "err", cap)
+        if "setup_error" in reply:
+            return _Outcome(None, 0.0, False, "", "", None, True, -1, setup_error=str(reply["setup_error"]))
+        out, err_out = _kept_output(reply, "out", cap), _kept_output(reply, "err", cap)
         return _Outcome(reply["rc"], reply["elapsed"], reply["timed_out"], out, err_out, reply.get("fetched"),
                         reply["procs_left"] == 0, int(reply["oom_kills"]))
 
@@ -353,6 +316,8 @@ class DockerBackend(Backend):
             self._free.put(box)
         else:
             self._replace_later(box, "cleanup could not prove the container clean")
+        if run.setup_error:
+            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error=run.setup_error)
         if run.timed_out:
             result = ExecResult(Outcome.TIMEOUT, None, run.stdout, run.stderr, run.elapsed)
         elif oom:
@@ -376,11 +341,6 @@ class DockerBackend(Backend):
             return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0, sandbox_error=f"cold container failed: {err}")
         if isinstance(run, ExecResult):
             return run
-        clean, run.stdout = _strip_clean_mark(run.stdout)
-        if not clean and not run.timed_out:
-            self._discard(box)
-            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", run.elapsed,
-                              sandbox_error=f"a fresh container was not clean: {run.stderr.strip()[-300:]}")
         return self._settle(box, request, run, reuse=False)
 
     # ---- probe, stats, close ----------------------------------------------------------------

@@ -88,8 +88,9 @@ class ResidentChannel:
             self.sock.sendall(RUNNER_FRAME.pack(len(header)) + header + RUNNER_FRAME.pack(len(payload)) + payload)
         except OSError as err:
             raise ChannelError(f"runner in {self.name}: cannot send the job ({err})") from err
-        if not self.receive(deadline).get("accepted"):
-            raise ChannelError(f"runner in {self.name} answered out of turn")
+        ack = self.receive(deadline)
+        if ack.get("accepted") is not True:
+            raise ChannelError(f"runner in {self.name} refused the job: {ack.get('unclean', 'out of turn')}")
         try:
             return self.receive(deadline)
         except ChannelError as err:

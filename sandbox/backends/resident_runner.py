@@ -1,13 +1,15 @@
 """Resident job runner: pid 1 of every pooled Docker sandbox container.
 
 Why: a `docker exec` costs ~100 ms of runc work on its own, so a per-run exec can never be much
-faster than a cold container. This runner stays in the container and starts each run itself with
-`posix_spawn`, so a run costs one Python start-up. A run is `sh -c RUN BOOT` (scratch wipe and
-cleanliness proof with its mark on stdout, then `exec python3 BOOT`). Being the program's parent,
-the runner sees its wait status, so a death by signal N reads -N (as in SandboxFusion), never the
-128 + N that an exec's exit code would fold it into. It enforces the run's deadline itself (it
-kills every other process at `timeout`), so a time-out is the runner's own fact, never read from
-the program's exit status.
+faster than a cold container. This runner stays in the container and starts each run itself:
+it proves the container clean (no process but itself, empty scratch dirs, no SysV IPC object),
+writes the code and files, and `posix_spawn`s `python3 -E -s main.py` in /work, the very command
+the local backend runs, so a program prints the same tracebacks on both. Being the program's
+parent, it sees its wait status, so a death by signal N reads -N (as in SandboxFusion), never
+the 128 + N that an exec's exit code would fold it into. It enforces the run's deadline itself
+(it kills every other process at `timeout`), so a time-out is the runner's own fact, never read
+from the program's exit status. After replying it wipes the scratch dirs and SysV IPC objects,
+off the next run's critical path.
 
 It runs INSIDE the container, as the same unprivileged uid as the code, from `python3 -c` source
 (stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1 with no signal
@@ -17,12 +19,14 @@ SIGKILLs every other process (kill(-1) from pid 1 spares only itself) and reaps 
 outlives a run.
 
 Protocol on its stdin/stdout, the container's attached streams (frames are >I length + bytes):
-  in:  JSON {"timeout": s, "cap": bytes per stream, "fetch": [names], "fetch_cap": bytes}, then the
-       run's stdin payload
-  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true}, then JSON {"rc" (-N
-       for a death by signal N), "elapsed", "timed_out", "out", "err" (base64 of the kept bytes),
-       "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetched" (the fetch collector's
-       JSON answer, or null)}
+  in:  JSON {"timeout": s, "cap": bytes per stream, "fetch": [names], "fetch_cap": bytes,
+       "code": str, "files": {absolute path: base64}}, then the run's stdin
+  out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true} (the code is about
+       to run: the host must not resend the job) or {"accepted": false, "unclean": why}, then
+       JSON {"rc" (-N for a death by signal N), "elapsed", "timed_out", "out", "err" (base64 of
+       the kept bytes), "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetched" (the
+       fetch collector's JSON answer, or null)}, or {"setup_error": why} if the files could not
+       be written
 """
 
 import base64
@@ -35,8 +39,15 @@ import struct
 import sys
 import time
 
-RUN, BOOT, FETCH = sys.argv[1:4]  # the exec mode's shell prefix, boot script and fetch collector (host)
+FETCH = sys.argv[1]  # the fetch collector's source (sandbox/sandbox_init.py, from the host)
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+PROGRAM = ["/usr/bin/python3", "-E", "-s", "main.py"]  # as the local backend runs it, in /work
+SCRIPT = "/work/main.py"
+# What a run can leave behind: files in these dirs (POSIX message queues are files in /dev/mqueue)
+# and SysV IPC objects, which outlive every process of the container's IPC namespace.
+SCRATCH = ("/work", "/tmp", "/dev/shm", "/dev/mqueue")
+IPC_RMID = 0
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def read_exact(n):
@@ -122,13 +133,92 @@ def fetch_files(names, cap):
     return answer.decode(errors="replace") or None
 
 
+def dirt():
+    """Why the container is not clean for a run, or "" (nothing but pid 1, empty scratch, no SysV IPC)."""
+    others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+    if others:
+        return f"{len(others)} processes besides pid 1"
+    for path in SCRATCH:
+        try:
+            if os.listdir(path):
+                return f"{path} is not empty"
+        except FileNotFoundError:  # an engine without /dev/mqueue
+            pass
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as fh:
+                if len(fh.read().splitlines()) > 1:
+                    return f"SysV {kind} objects left"
+        except OSError:
+            pass
+    return ""
+
+
+def empty_dir(top):
+    """Remove everything below `top`, however deep (no recursion) and whatever its modes: the
+    sandbox user owns all of it, so it may chmod its way in."""
+    stack, dirs = [top], []
+    while stack:
+        path = stack.pop()
+        if path != top:
+            os.chmod(path, 0o700)
+            dirs.append(path)
+        for entry in os.scandir(path):
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            else:
+                os.unlink(entry.path)
+    for path in reversed(dirs):
+        os.rmdir(path)
+
+
+def remove_sysv_objects():
+    for kind, remove in (("shm", lambda i: LIBC.shmctl(i, IPC_RMID, None)),
+                         ("sem", lambda i: LIBC.semctl(i, 0, IPC_RMID)),
+                         ("msg", lambda i: LIBC.msgctl(i, IPC_RMID, None))):
+        with open(f"/proc/sysvipc/{kind}") as fh:
+            for line in fh.read().splitlines()[1:]:
+                remove(int(line.split()[1]))
+
+
+def wipe():
+    """Empty the scratch dirs (POSIX message queues included) and remove SysV IPC objects, all of
+    them the sandbox user's; what stays is caught by `dirt` before the next run."""
+    for path in SCRATCH:
+        try:
+            empty_dir(path)
+        except OSError:
+            pass
+    try:
+        remove_sysv_objects()
+    except OSError:
+        pass
+
+
+def write_files(code, files):
+    """The run's code as /work/main.py and its files (paths validated by the host); an error or None."""
+    try:
+        for path, data in files.items():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as fh:
+                fh.write(base64.b64decode(data))
+        with open(SCRIPT, "wb") as fh:
+            fh.write(code.encode())
+    except (OSError, ValueError) as err:
+        return f"could not write the run's files: {err}"
+    return None
+
+
 def run_job(job, payload):
+    setup_error = write_files(job.pop("code"), job.pop("files"))  # popped: freed before the program runs
+    if setup_error:
+        return {"setup_error": setup_error}
     cap = int(job["cap"])
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     start = time.monotonic()
-    pid = spawn(["/bin/sh", "-c", RUN, BOOT], in_r, out_w, err_w)
+    pid = spawn(PROGRAM, in_r, out_w, err_w)
     for fd in (in_r, out_w, err_w):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -192,12 +282,18 @@ def run_job(job, payload):
 
 def main():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's handler would let the code's SIGINT in
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     write_frame(json.dumps({"ready": True, "oom_kills": oom_kills()}).encode())
     while True:
         job, payload = json.loads(read_frame()), read_frame()
+        unclean = dirt()
+        if unclean:  # a run's leftovers survived its wipe: this container must not run code again
+            write_frame(json.dumps({"accepted": False, "unclean": unclean}).encode())
+            continue
         write_frame(b'{"accepted": true}')  # from here on the code runs: the host must not resend it
         write_frame(json.dumps(run_job(job, payload)).encode())
+        del job, payload
+        wipe()  # after the reply: the next job finds the container clean
 
 
 main()
