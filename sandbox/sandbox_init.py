@@ -36,50 +36,73 @@ import time
 PR_SET_DUMPABLE = 4
 
 
-def read_regular(name, room):
-    """(bytes or None if not a readable regular file, over_room?)."""
+CHUNK = 3 << 18  # bytes read at a time: a multiple of 3, so base64 pieces concatenate
+
+
+def open_regular(name):
+    """A read fd on `name` if it is a regular file, else None (a FIFO is never opened blocking)."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
-        return None, False
+        return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, False
-        chunks, size = [], 0
-        while size <= room:
-            chunk = os.read(fd, min(1 << 20, room + 1 - size))
-            if not chunk:
-                return b"".join(chunks), False
-            chunks.append(chunk)
-            size += len(chunk)
-        return None, True
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
     except OSError:
-        return None, False
-    finally:
-        os.close(fd)
+        pass
+    os.close(fd)
+    return None
 
 
-def collect(cap, names, **extra):
-    """The JSON answer: `extra` fields, then the fetched files (base64) and the omitted names."""
+def write_base64(out, fd, size):
+    """Write at most `size` bytes of `fd` as base64 on `out`, a chunk at a time; the bytes written."""
     import base64
+
+    done, rest = 0, b""
+    while done < size:
+        chunk = os.read(fd, min(CHUNK, size - done))
+        if not chunk:
+            break
+        done += len(chunk)
+        data, cut = rest + chunk, (len(rest) + len(chunk)) // 3 * 3
+        out.write(base64.b64encode(data[:cut]).decode())
+        rest = data[cut:]
+    out.write(base64.b64encode(rest).decode())
+    return done
+
+
+def write_answer(out, head, cap, names):
+    """Write `head` (the opening of a JSON object and its first fields), then "files" and "omitted",
+    streamed a chunk of a file at a time: the collector runs in the run's memory cgroup, where the
+    fetched files already sit in tmpfs, so it must not hold a copy of them."""
+    out.write(head + '"files": {')
+    if not names:  # the common run: no json/base64 import on its path
+        out.write('}, "omitted": []}')
+        return
     import json
 
-    files, omitted, total = {}, [], 0
+    omitted, total, sep = [], 0, ""
     for name in names:
-        data, over = read_regular(name, cap - total)
-        if over:
-            omitted.append(name)
-        elif data is not None:
-            files[name] = base64.b64encode(data).decode()
-            total += len(data)
-    return json.dumps({**extra, "files": files, "omitted": omitted})
-
-
-def report(returncode, timed_out, cap, names):
-    if not names:  # the common run: no json/base64 import on its path
-        return '{"returncode": %s, "timed_out": %s, "files": {}, "omitted": []}' % (
-            "null" if returncode is None else returncode, "true" if timed_out else "false")
-    return collect(cap, names, returncode=returncode, timed_out=timed_out)
+        fd = open_regular(name)
+        if fd is None:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if total + size > cap:
+                omitted.append(name)
+                continue
+            out.write(sep + json.dumps(name) + ': "')
+            sep = ", "
+            try:
+                total += write_base64(out, fd, size)
+            except OSError:  # a read error midway: the file's bytes so far, still valid base64
+                pass
+            out.write('"')
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    out.write('}, "omitted": ' + json.dumps(omitted) + "}")
 
 
 def reap_all(pid):
@@ -145,7 +168,10 @@ def init(out_fd, timeout, cap, names, prog):
     if status is None:
         kill_all_others()
     returncode = None if status is None else os.waitstatus_to_exitcode(status)
-    out.write(report(returncode, status is None, cap, names) + "\n")
+    head = '{"returncode": %s, "timed_out": %s, ' % ("null" if status is None else returncode,
+                                                     "false" if status is not None else "true")
+    write_answer(out, head, cap, names)
+    out.write("\n")
     out.close()
     if returncode is None:
         return 137
@@ -154,7 +180,7 @@ def init(out_fd, timeout, cap, names, prog):
 
 def main(argv):
     if argv[0] == "fetch":
-        sys.stdout.write(collect(int(argv[1]), argv[2:]))
+        write_answer(sys.stdout, "{", int(argv[1]), argv[2:])
         return 0
     split = argv.index("--")
     return init(int(argv[1]), float(argv[2]), int(argv[3]), argv[4:split], argv[split + 1:])

@@ -275,6 +275,20 @@ def test_fetch_files_come_back_after_a_time_out(backend):
     assert marked_processes(marker) == []
 
 
+def test_fetched_files_are_streamed_not_held_in_the_runs_memory(backend):
+    """A 12 MiB file fetched from a run with a 64 MiB memory limit: the file already sits in the
+    run's tmpfs, charged to its cgroup, so a collector holding it, its base64 and a JSON copy was
+    killed for memory and a run that finished was reported as a memory kill."""
+    import hashlib
+
+    code = ("import hashlib, os\ndata = os.urandom(12 << 20)\nopen('big.bin', 'wb').write(data)\n"
+            "print(hashlib.sha256(data).hexdigest())")
+    res = run(backend, code, memory_limit_MB=64, fetch_files=["big.bin"], run_timeout=30)
+    assert (res.outcome, res.return_code, res.notes) == (FINISHED, 0, []), res
+    data = base64.b64decode(res.files["big.bin"])
+    assert (len(data), hashlib.sha256(data).hexdigest() + "\n") == (12 << 20, res.stdout)
+
+
 def test_no_state_leaks_between_runs(backend):
     first = run(backend, "open('/work/secret', 'w').write('1'); open('/tmp/secret', 'w').write('1')\n"
                          "import os; print(sorted(os.listdir('/work')))")

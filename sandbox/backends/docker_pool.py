@@ -119,7 +119,7 @@ class _Outcome:
     timed_out: bool
     stdout: str
     stderr: str
-    fetched: str | None  # the fetch collector's answer
+    fetched: bytes | None  # the fetch collector's answer
     clean: bool  # the runner killed and reaped every other process after the run
     oom_kills: int  # the runner's reading of the container cgroup's oom_kill counter (-1: unreadable)
     setup_error: str | None = None  # the runner could not write the run's files: the code never ran
@@ -261,7 +261,8 @@ class DockerBackend(Backend):
         self._note_oom_baseline(box)
         start = time.monotonic()
         try:
-            reply = box.channel.call(_job(request, cap), request.stdin, start + request.run_timeout + 3 * GRACE_S)
+            reply = box.channel.call(_job(request, cap), request.stdin, start + request.run_timeout + 3 * GRACE_S,
+                                     stream_cap=2 * fetch.ANSWER_CAP)
         except ChannelError as err:
             if not err.started:
                 raise

@@ -57,7 +57,11 @@ class ResidentChannel:
         self._stdout = b""
 
     def receive(self, deadline: float) -> dict:
-        """The next reply frame from the runner's stdout; its stderr goes to the log."""
+        """The next frame from the runner's stdout, as JSON."""
+        return json.loads(self._frame(deadline))
+
+    def _frame(self, deadline: float) -> bytes:
+        """The next frame from the runner's stdout; its stderr goes to the log."""
         while len(self._stdout) < 4 or len(self._stdout) < 4 + RUNNER_FRAME.unpack(self._stdout[:4])[0]:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -78,10 +82,21 @@ class ResidentChannel:
                     log.warning("runner in %s: %s", self.name, data.decode(errors="replace").rstrip())
         size = RUNNER_FRAME.unpack(self._stdout[:4])[0]
         frame, self._stdout = self._stdout[4:4 + size], self._stdout[4 + size:]
-        return json.loads(frame)
+        return frame
 
-    def call(self, job: dict, payload: bytes, deadline: float) -> dict:
-        """Send one job; the runner acknowledges it before it starts, then sends the reply."""
+    def _stream(self, deadline: float, cap: int) -> bytes:
+        """Frames up to the empty one that ends a stream, joined."""
+        chunks, size = [], 0
+        while chunk := self._frame(deadline):
+            size += len(chunk)
+            if size > cap:
+                raise ChannelError(f"runner in {self.name} streamed more than {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def call(self, job: dict, payload: bytes, deadline: float, stream_cap: int = 0) -> dict:
+        """Send one job; the runner acknowledges it before it starts, then sends the reply, and the
+        fetched files' answer as a stream (bytes under "fetched") when the reply says so."""
         header = json.dumps(job).encode()
         try:
             self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -92,6 +107,9 @@ class ResidentChannel:
         if ack.get("accepted") is not True:
             raise ChannelError(f"runner in {self.name} refused the job: {ack.get('unclean', 'out of turn')}")
         try:
-            return self.receive(deadline)
+            reply = self.receive(deadline)
+            if reply.get("fetch_stream"):
+                reply["fetched"] = self._stream(deadline, stream_cap)
+            return reply
         except ChannelError as err:
             raise ChannelError(str(err), started=True) from err

@@ -24,9 +24,9 @@ Protocol on its stdin/stdout, the container's attached streams (frames are >I le
   out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true} (the code is about
        to run: the host must not resend the job) or {"accepted": false, "unclean": why}, then
        JSON {"rc" (-N for a death by signal N), "elapsed", "timed_out", "out", "err" (base64 of
-       the kept bytes), "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetched" (the
-       fetch collector's JSON answer, or null)}, or {"setup_error": why} if the files could not
-       be written
+       the kept bytes), "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetch_stream"}
+       or {"setup_error": why} if the files could not be written; with "fetch_stream" true, the
+       fetch collector's JSON answer follows in frames, ended by an empty frame
 """
 
 import base64
@@ -41,6 +41,7 @@ import time
 
 FETCH = sys.argv[1]  # the fetch collector's source (sandbox/sandbox_init.py, from the host)
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+FETCH_DEADLINE_S = 30
 PROGRAM = ["/usr/bin/python3", "-E", "-s", "main.py"]  # as the local backend runs it, in /work
 SCRIPT = "/work/main.py"
 # What a run can leave behind: files in these dirs (POSIX message queues are files in /dev/mqueue)
@@ -113,24 +114,31 @@ def spawn(argv, stdin, stdout, stderr):
                           setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # Python ignores these; the run must not
 
 
-def fetch_files(names, cap):
-    """The fetch collector's answer, run as a fresh process after the program (None if it failed)."""
+def start_fetch(names, cap):
+    """Start the fetch collector, a fresh process after the program; the read end of its answer."""
     out_r, out_w = os.pipe()
     null = os.open("/dev/null", os.O_RDWR)
     spawn(["/usr/bin/python3", "-I", "-S", "-c", FETCH, "fetch", str(cap), *names], null, out_w, null)
     os.close(out_w)
     os.close(null)
-    answer, deadline = b"", time.monotonic() + 30
+    return out_r
+
+
+def forward_fetch(fd, limit):
+    """Pass the collector's answer on as frames, a piece at a time (the fetched files already sit in
+    this container's memory as tmpfs pages: no copy of them is held here), then an empty frame."""
+    sent, deadline = 0, time.monotonic() + FETCH_DEADLINE_S
     poller = select.poll()
-    poller.register(out_r, select.POLLIN)
-    while len(answer) <= 2 * cap and poller.poll(max(deadline - time.monotonic(), 0) * 1000):
-        chunk = os.read(out_r, 1 << 20)
+    poller.register(fd, select.POLLIN)
+    while sent <= limit and poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+        chunk = os.read(fd, 1 << 20)
         if not chunk:
             break
-        answer += chunk
-    os.close(out_r)
+        write_frame(chunk)
+        sent += len(chunk)
+    write_frame(b"")
+    os.close(fd)
     kill_all_others()
-    return answer.decode(errors="replace") or None
 
 
 def dirt():
@@ -272,12 +280,11 @@ def run_job(job, payload):
     for fd in open_fds:
         os.close(fd)
     os.close(pidfd)
-    # after a time-out too, as SandboxFusion does (its run_commands reads fetch_files whatever the status)
-    fetched = fetch_files(job["fetch"], int(job["fetch_cap"])) if job.get("fetch") else None
     return {"rc": rc, "elapsed": elapsed, "timed_out": timed_out, "out": base64.b64encode(kept[out_r]).decode(),
             "err": base64.b64encode(kept[err_r]).decode(), "out_dropped": dropped[out_r],
             "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills(),
-            "fetched": fetched}
+            # after a time-out too, as SandboxFusion does (its run_commands reads fetch_files whatever the status)
+            "fetch_stream": bool(job.get("fetch"))}
 
 
 def main():
@@ -291,7 +298,10 @@ def main():
             write_frame(json.dumps({"accepted": False, "unclean": unclean}).encode())
             continue
         write_frame(b'{"accepted": true}')  # from here on the code runs: the host must not resend it
-        write_frame(json.dumps(run_job(job, payload)).encode())
+        reply = run_job(job, payload)
+        write_frame(json.dumps(reply).encode())
+        if reply.get("fetch_stream"):
+            forward_fetch(start_fetch(job["fetch"], int(job["fetch_cap"])), 2 * int(job["fetch_cap"]))
         del job, payload
         wipe()  # after the reply: the next job finds the container clean
 
