@@ -224,6 +224,19 @@ def test_fork_bomb_contained(backend):
     assert after.stdout == "still fine\n"
 
 
+ORPHAN_STORM = ("import os\nmade = 0\nfor _ in range(200):\n    pid = os.fork()\n    if pid == 0:\n"
+                "        try:\n            if os.fork() == 0:\n                os._exit(0)\n"
+                "        except OSError:\n            os._exit(1)\n        os._exit(0)\n"
+                "    made += os.waitpid(pid, 0)[1] == 0\nprint(made)\n")
+
+
+def test_orphans_are_reaped_while_the_program_runs(backend):
+    """200 short-lived orphans, one after another, under pids.max = 64: pid 1 must reap each as it
+    exits (zombies count against the limit), or the program's forks start to fail."""
+    res = run(backend, ORPHAN_STORM, run_timeout=30)
+    assert (res.outcome, res.return_code, res.stdout, res.stderr) == (FINISHED, 0, "200\n", ""), res
+
+
 def test_setsid_grandchild_killed_at_timeout(backend):
     marker = f"sgrpo-escapee-{uuid.uuid4().hex}"
     code = (f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"

@@ -90,7 +90,7 @@ def kill_all_others():
             os.kill(-1, 9)
         except ProcessLookupError:
             pass
-        reap()
+        reap_all(0)
         left = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
         if not left:
             return 0
@@ -98,20 +98,47 @@ def kill_all_others():
     return len(left)
 
 
-def reap():
+def reap_all(pid):
+    """Reap every exited child (orphans come to pid 1); the wait status of `pid` if it was among them."""
+    found = None
     while True:
         try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
+            child, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return found
+        if child == 0:
+            return found
+        if child == pid:
+            found = status
+
+
+def sigchld_fd():
+    """A signalfd that turns readable when a child exits, SIGCHLD being blocked: pid 1 wakes to
+    reap orphans at once (zombies count against pids.max) without a handler that would let the
+    code's signals in."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    mask = (ctypes.c_uint64 * 16)()  # a sigset_t
+    mask[0] = 1 << (signal.SIGCHLD - 1)
+    fd = LIBC.signalfd(-1, ctypes.byref(mask), os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "signalfd")
+    return fd
+
+
+def drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def spawn(argv, stdin, stdout, stderr):
     return os.posix_spawn(argv[0], argv, os.environ,
                           file_actions=[(os.POSIX_SPAWN_DUP2, stdin, 0), (os.POSIX_SPAWN_DUP2, stdout, 1),
                                         (os.POSIX_SPAWN_DUP2, stderr, 2)],
-                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))  # Python ignores these; the run must not
+                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # Python ignores these; the run must not
+                          setsigmask=())  # nor inherit the blocked SIGCHLD
 
 
 def start_fetch(names, cap):
@@ -217,7 +244,7 @@ def write_files(code, files):
     return None
 
 
-def run_job(job, payload):
+def run_job(job, payload, chld):
     setup_error = write_files(job.pop("code"), job.pop("files"))  # popped: freed before the program runs
     if setup_error:
         return {"setup_error": setup_error}
@@ -229,32 +256,31 @@ def run_job(job, payload):
     pid = spawn(PROGRAM, in_r, out_w, err_w)
     for fd in (in_r, out_w, err_w):
         os.close(fd)
-    pidfd = os.pidfd_open(pid)
     kept = {out_r: b"", err_r: b""}
     dropped = {out_r: 0, err_r: 0}
     poller = select.poll()
-    for fd in (out_r, err_r, pidfd):
+    for fd in (out_r, err_r, chld):
         poller.register(fd, select.POLLIN)
     os.set_blocking(in_w, False)
     poller.register(in_w, select.POLLOUT)
     pending, open_fds, rc, timed_out = payload, {out_r, err_r, in_w}, None, False
     deadline = start + float(job["timeout"])
-    while rc is None or open_fds - {in_w}:
+    while (rc is None and not timed_out) or open_fds - {in_w}:
         remaining = deadline - time.monotonic()
         if remaining <= 0 and rc is None and not timed_out:
-            timed_out = True  # the run's time is up: kill the lot, then collect the status
+            timed_out = True  # the run's time is up: kill the lot (the program's status is moot)
             kill_all_others()
         events = poller.poll(max(remaining, 0) * 1000 if rc is None and not timed_out else 1000)
-        if not events and rc is not None:
+        if not events and (rc is not None or timed_out):
             break  # the program is gone and its heirs were killed: nothing more can arrive
         for fd, ev in events:
-            if fd == pidfd:
-                poller.unregister(pidfd)
-                try:  # -N for a death by signal N, as SandboxFusion's asyncio runner reports it
-                    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-                except ChildProcessError:  # already reaped by the kill at the deadline
-                    rc = -signal.SIGKILL
-                kill_all_others()  # daemonized heirs die with the run and close the pipes
+            if fd == chld:
+                drain(chld)
+                status = reap_all(pid)
+                if status is not None and rc is None and not timed_out:
+                    poller.unregister(chld)
+                    rc = os.waitstatus_to_exitcode(status)  # -N for a death by signal N, as asyncio says
+                    kill_all_others()  # daemonized heirs die with the run and close the pipes
             elif fd == in_w:
                 try:
                     pending = pending[os.write(in_w, pending[:65536]):]
@@ -279,7 +305,7 @@ def run_job(job, payload):
     elapsed = time.monotonic() - start
     for fd in open_fds:
         os.close(fd)
-    os.close(pidfd)
+    drain(chld)
     return {"rc": rc, "elapsed": elapsed, "timed_out": timed_out, "out": base64.b64encode(kept[out_r]).decode(),
             "err": base64.b64encode(kept[err_r]).decode(), "out_dropped": dropped[out_r],
             "err_dropped": dropped[err_r], "procs_left": kill_all_others(), "oom_kills": oom_kills(),
@@ -290,6 +316,7 @@ def run_job(job, payload):
 def main():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's handler would let the code's SIGINT in
     LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    chld = sigchld_fd()
     write_frame(json.dumps({"ready": True, "oom_kills": oom_kills()}).encode())
     while True:
         job, payload = json.loads(read_frame()), read_frame()
@@ -298,7 +325,7 @@ def main():
             write_frame(json.dumps({"accepted": False, "unclean": unclean}).encode())
             continue
         write_frame(b'{"accepted": true}')  # from here on the code runs: the host must not resend it
-        reply = run_job(job, payload)
+        reply = run_job(job, payload, chld)
         write_frame(json.dumps(reply).encode())
         if reply.get("fetch_stream"):
             forward_fetch(start_fetch(job["fetch"], int(job["fetch_cap"])), 2 * int(job["fetch_cap"]))
