@@ -2,6 +2,7 @@
 
     python scripts/gpu_smoke.py [--out runs/gpu_smoke] [--steps 3]
     python scripts/gpu_smoke.py --dry-run      # CPU: prepares data, parses both runs with OpenRLHF's parser
+    python scripts/gpu_smoke.py --engine hf --policy DIR --template none --no-sandbox   # a GPU without vLLM
 
 What runs: ``python -m openrlhf_sgrpo.cli.train_ppo_ray`` (OpenRLHF 0.11.2's trainer with our actor
 classes) on one GPU — one colocated vLLM engine, DeepSpeed, Ray, our agent (loaded by OpenRLHF
@@ -12,6 +13,12 @@ per rollout (mini-batch = half the rollout), so SAPO's ratio can leave 1. After 
 TensorBoard log is read back (``openrlhf_sgrpo.cli.tb_summary``): reward, tool calls, strata per
 prompt, the ``sgrpo/*`` monitors (and ``sapo/*``, ``calibadv/*`` for run B) for every step.
 Needs a CUDA machine with ``requirements-gpu.txt`` installed; docs/deploy.md records runs.
+
+``--engine hf`` runs the same two runs with ``--sgrpo.rollout_engine hf`` (the project's HF engine
+in vLLM's place, weights synced over CUDA IPC) and SDPA attention, for a GPU machine where vLLM
+and flash-attn are not installed; ``--policy`` trains another HF folder (e.g. a tiny model fitted
+to the action format, with ``--template none``), ``--no-sandbox`` skips the code sandbox (the
+search-only templates never call it).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ REQUIRED_A = ["reward", "tool_calls", "sgrpo/strata_per_prompt", "sgrpo/var_redu
 REQUIRED_B = REQUIRED_A + ["sapo/term", "sapo/penalized_share", "calibadv/mean_turn_score"]
 
 
-def prepare(out: Path, steps: int) -> dict[str, Path]:
+def prepare(out: Path, steps: int, policy: str | None = None) -> dict[str, Path]:
     """Prompts (FanOutQA sub-questions answerable from the extracts), corpus, policy folder."""
     from openrlhf_sgrpo import assets
     from openrlhf_sgrpo.demo.corpus import write_corpus
@@ -45,16 +52,17 @@ def prepare(out: Path, steps: int) -> dict[str, Path]:
     data.write_text("".join(json.dumps({"question": q.question, "answers": list(q.golds)}) + "\n"
                             for q in questions))
     corpus = write_corpus(extracts, {q.evidence_title for q in questions}, n_distractors=500)
-    return {"data": data, "corpus": corpus, "policy": policy_folder("smollm2")}
+    return {"data": data, "corpus": corpus, "policy": policy_folder(policy or "smollm2")}
 
 
-def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func_path: str) -> list[str]:
+def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func_path: str,
+             engine: str = "vllm", lr: float = 1e-6, sapo_ratio_threshold: float | None = None) -> list[str]:
     """The train_ppo_ray flags of run A (``stratified_grpo``) or B (+ SAPO, CalibAdv, 2 updates/rollout)."""
     batch = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
     args = [
         "--actor.model_name_or_path", str(paths["policy"]), "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1",
         "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.gpu_memory_utilization", "0.3",
-        "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep", "--ds.zero_stage", "2",
+        "--train.colocate_all", "--ds.zero_stage", "2",
         "--ds.param_dtype", "bf16",
         "--data.prompt_dataset", str(paths["data"]), "--data.input_key", "question", "--data.label_key", "answers",
         "--data.max_samples", str(steps * PROMPTS_PER_STEP), "--data.max_len", "2048",
@@ -64,7 +72,7 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         "--train.batch_size", str(batch if run == "A" else batch // 2),
         "--train.num_episodes", "1", "--train.max_epochs", "1",
         "--rollout.max_new_tokens", "128", "--rollout.temperature", "1.0",
-        "--actor.adam.lr", "1e-6", "--algo.kl.init_coef", "0",
+        "--actor.adam.lr", str(lr), "--algo.kl.init_coef", "0",
         "--algo.advantage.estimator", "stratified_grpo", "--algo.advantage.sgrpo_alpha", str(ALPHA),
         "--logger.tensorboard_dir", str(out / f"tb_{run}"),
         "--ckpt.path", str(out / f"ckpt_{run}"), "--ckpt.output_dir", str(out / f"model_{run}"),
@@ -72,12 +80,18 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
     ]
     if run == "B":
         args += ["--algo.sapo.enable", "--algo.calibadv.enable"]
+        if sapo_ratio_threshold is not None:
+            args += ["--algo.sapo.ratio_threshold", str(sapo_ratio_threshold)]
+    if engine == "hf":  # nothing to put to sleep: the HF engine holds no KV cache between batches
+        args += ["--sgrpo.rollout_engine", "hf", "--ds.attn_implementation", "sdpa"]
+    else:
+        args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
     return args
 
 
-def agent_config(out: Path, retriever_url: str, sandbox_url: str | None) -> Path:
+def agent_config(out: Path, retriever_url: str, sandbox_url: str | None, template: str = "search_r1_chat") -> Path:
     path = out / "agent_config.yaml"
-    lines = [f"retriever_url: {retriever_url}", "template: search_r1_chat", "max_turns: 3", "topk: 3",
+    lines = [f"retriever_url: {retriever_url}", f"template: {template}", "max_turns: 3", "topk: 3",
              "max_obs_tokens: 256", "max_tokens_per_turn: 128", "reward: f1", "format_reward: true"]
     if sandbox_url:
         lines.append(f"sandbox_url: {sandbox_url}")
@@ -96,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/gpu_smoke")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dry-run", action="store_true", help="prepare and parse only (CPU)")
+    p.add_argument("--engine", default="vllm", choices=("vllm", "hf"),
+                   help="rollout engine: vLLM, or the project's HF engine where vLLM is not installed")
+    p.add_argument("--policy", default=None, help="HF folder to train (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--template", default="search_r1_chat", help="the agent's prompt template")
+    p.add_argument("--no-sandbox", action="store_true", help="start no code sandbox (search-only templates)")
+    p.add_argument("--lr", type=float, default=1e-6, help="actor learning rate")
+    p.add_argument("--sapo-ratio-threshold", type=float, default=None,
+                   help="run B's SAPO ratio threshold (default: SAPO's); near 1 makes the penalty fire in a short run")
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
@@ -105,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_sgrpo.cli import tb_summary
     from openrlhf_sgrpo.local.services import cached_index_for, local_services
 
-    paths = prepare(out, a.steps)
+    paths = prepare(out, a.steps, a.policy)
     agent_file = str(REPO / "agent_env" / "openrlhf_agent.py")
-    with local_services(cached_index_for(paths["corpus"]), sandbox=not a.dry_run) as urls:
-        env = {**os.environ, CONFIG_ENV: str(agent_config(out, urls.retriever_url, urls.sandbox_url))}
+    with local_services(cached_index_for(paths["corpus"]), sandbox=not (a.dry_run or a.no_sandbox)) as urls:
+        config = agent_config(out, urls.retriever_url, urls.sandbox_url, a.template)
+        env = {**os.environ, CONFIG_ENV: str(config)}
         for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
-            code = run_cli(cli_args(paths, out, run, a.steps, agent_file), env, a.dry_run)
+            code = run_cli(cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold), env, a.dry_run)
             if code != 0:
                 print(f"[gpu_smoke] run {run} failed with exit code {code}", file=sys.stderr)
                 return code

@@ -12,6 +12,7 @@ from openrlhf_sgrpo.openrlhf_ext.config import DEFAULT_ALPHA, DEFAULT_EPS, DEFAU
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by
 
 ESTIMATOR_DEST = "algo.advantage.estimator"
+ROLLOUT_ENGINES = ("vllm", "hf")
 
 # Other extensions (SAPO, CalibAdv) register (add_flags, validate) pairs here.
 FlagAdder = Callable[[argparse.ArgumentParser], None]
@@ -48,6 +49,11 @@ def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
                         "to RUN_DIR/rollouts/train/ (0: off)")
     r.add_argument("--sgrpo.run_dir", type=str, default=None,
                    help="RUN_DIR of the rollout records (default: --ckpt.output_dir)")
+    e = parser.add_argument_group("openrlhf-sgrpo: rollout engine")
+    e.add_argument("--sgrpo.rollout_engine", type=str, default="vllm", choices=list(ROLLOUT_ENGINES),
+                   help="vllm: OpenRLHF's engines. hf: the project's batched transformers engine in their place "
+                        "(much slower; for machines where vLLM does not install): needs --train.colocate_all, "
+                        "--vllm.tensor_parallel_size 1 and --train.agent_func_path; weights reach it over CUDA IPC")
     g.add_argument("--dry_run", action="store_true", default=False,
                    help="print the parsed, hierarchized config as JSON and exit (no Ray, no GPU)")
     for add, _ in _EXTENSIONS:
@@ -74,9 +80,25 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     if adv.estimator in STRATIFIED_ESTIMATORS and args.rollout.n_samples_per_prompt < 2:
         errors.append(f"--algo.advantage.estimator {adv.estimator} needs --rollout.n_samples_per_prompt >= 2, "
                       f"got {args.rollout.n_samples_per_prompt}")
+    errors.extend(_rollout_engine_errors(args))
     for _, validate in _EXTENSIONS:
         errors.extend(validate(args))
     return errors
+
+
+def _rollout_engine_errors(args: SimpleNamespace) -> list[str]:
+    """``--sgrpo.rollout_engine hf`` takes weights over CUDA IPC, which OpenRLHF uses only in a
+    synchronous colocated run, and serves one agent per engine on one GPU."""
+    if args.sgrpo.rollout_engine != "hf":
+        return []
+    needs = {"--train.colocate_all": args.train.colocate_all,
+             "no --train.async_enable": not args.train.async_enable,
+             "--vllm.num_engines >= 1": (args.vllm.num_engines or 0) >= 1,
+             "--vllm.tensor_parallel_size 1": args.vllm.tensor_parallel_size == 1,
+             "--train.agent_func_path": bool(args.train.agent_func_path),
+             "--algo.advantage.is_correction_level off": args.algo.advantage.is_correction_level == "off"}
+    missing = [flag for flag, ok in needs.items() if not ok]
+    return [f"--sgrpo.rollout_engine hf needs {', '.join(missing)}"] if missing else []
 
 
 # SAPO and CalibAdv flags live in their own module (imported last: it needs register_flags).

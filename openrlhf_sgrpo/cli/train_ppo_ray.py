@@ -87,19 +87,24 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def ray_runtime_env() -> dict:
+def ray_runtime_env(hf_engines: bool = False) -> dict:
     """What every Ray worker gets: OpenRLHF's env defaults plus the agent's settings.
 
-    No ``worker_process_setup_hook``: it would run before Ray assigns GPUs (see
-    :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). The agent's variables are forwarded so a CLI
-    started on a head node (not through ``ray job submit``) still configures every engine.
+    No ``worker_process_setup_hook`` for our classes: it would run before Ray assigns GPUs (see
+    :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). With ``hf_engines`` (``--sgrpo.rollout_engine hf``)
+    the one hook puts import-only stand-ins for missing ``vllm``/``flash_attn`` in each worker, which
+    touches no CUDA. The agent's variables are forwarded so a CLI started on a head node (not
+    through ``ray job submit``) still configures every engine.
     """
     env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
     env.update({k: os.environ[k] for k in _FORWARDED_ENV if os.environ.get(k)})
-    return {"env_vars": env}
+    runtime_env: dict[str, Any] = {"env_vars": env}
+    if hf_engines:
+        runtime_env["worker_process_setup_hook"] = "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.install_missing"
+    return runtime_env
 
 
-def start_ray(**ray_init_kwargs: Any) -> None:
+def start_ray(hf_engines: bool = False, **ray_init_kwargs: Any) -> None:
     """``ray.init`` with :func:`ray_runtime_env` (unless Ray already runs in this process), then
     our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources."""
     import ray
@@ -107,19 +112,24 @@ def start_ray(**ray_init_kwargs: Any) -> None:
     from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
 
     if not ray.is_initialized():
-        ray.init(runtime_env=ray_runtime_env(), **ray_init_kwargs)
-    install_actor_classes()
+        ray.init(runtime_env=ray_runtime_env(hf_engines), **ray_init_kwargs)
+    install_actor_classes(hf_engines)
 
 
 def launch(args: SimpleNamespace) -> None:
     """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train()."""
+    hf_engines = args.sgrpo.rollout_engine == "hf"
+    if hf_engines:
+        from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
+
+        gpu_import_standins.install(only_missing=True)
     from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
 
     problems = contract_violations()
     if problems:
         raise CliError("the installed OpenRLHF does not match what openrlhf-sgrpo wires into "
                        "(pip install --no-deps openrlhf==0.11.2):\n  " + "\n  ".join(problems))
-    start_ray()
+    start_ray(hf_engines)
     from openrlhf.cli.train_ppo_ray import train
 
     train(args)

@@ -88,9 +88,23 @@ DRIVER_REPLACEMENTS = {
 }
 
 
-def install_actor_classes() -> None:
-    """In the driver, before ``train(args)``: make ``train()`` create our actors (idempotent)."""
+# The engine factory train() calls; replaced only with --sgrpo.rollout_engine hf.
+ENGINE_FACTORY = ("openrlhf.cli.train_ppo_ray", "create_vllm_engines")
+
+
+def install_actor_classes(hf_engines: bool = False) -> None:
+    """In the driver, before ``train(args)``: make ``train()`` create our actors (idempotent);
+    with ``hf_engines``, HF rollout engines where it creates vLLM's (``--sgrpo.rollout_engine hf``)."""
     import importlib
+
+    from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines_like_vllm
 
     for (module, name), cls in DRIVER_REPLACEMENTS.items():
         setattr(importlib.import_module(module), name, cls)
+    upstream = importlib.import_module(ENGINE_FACTORY[0])
+    if hf_engines:
+        setattr(upstream, ENGINE_FACTORY[1], create_hf_engines_like_vllm)
+    elif getattr(upstream, ENGINE_FACTORY[1]) is create_hf_engines_like_vllm:  # a later vLLM run in this process
+        from openrlhf.trainer.ray import create_vllm_engines
+
+        setattr(upstream, ENGINE_FACTORY[1], create_vllm_engines)

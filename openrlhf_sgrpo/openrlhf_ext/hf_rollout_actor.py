@@ -8,8 +8,11 @@ and loads the agent with OpenRLHF's own ``_load_agent_executor``, from the same
 ``--train.agent_func_path``. It lets the real cluster data path (Ray, ``SamplesGenerator``, our
 agent and experience maker) run where vLLM cannot: CPU machines, tests, debugging.
 
-It receives no weight updates from the trainer, so it samples from the weights it was
-started with: a stand-in for the engine boundary, not a way to train.
+With ``--sgrpo.rollout_engine hf`` it replaces vLLM in a training run: OpenRLHF's
+``create_vllm_engines`` is swapped for :func:`create_hf_engines_like_vllm`, and after each update
+the policy actor sends the new weights through ``update_weight_cuda_ipc`` as it does to vLLM in
+a colocated (hybrid-engine) run. Generation is plain batched ``transformers`` sampling, far slower
+than vLLM: for machines where vLLM does not install, and for checking the pipeline.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ class HFRolloutActor:
 
         self.executor = _load_agent_executor(agent_func_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32  # vLLM's engines run bf16
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         self.engine = HFGenerationEngine(model, tokenizer, max_batch=max_batch, device=device, seed=seed)
         self._unfinished = 0
+        self.weights_loaded = 0
 
     async def generate(self, prompt_token_ids: list[int], sampling_params: Any, multi_modal_data=None):
         """One turn, for the agent executor (``RolloutRayActor.generate``'s contract)."""
@@ -72,13 +77,76 @@ class HFRolloutActor:
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Counterpart of :meth:`sleep`."""
 
+    def reset_prefix_cache(self) -> None:
+        """No prefix cache to drop (called with ``--vllm.enable_prefix_caching``)."""
+
+    def load_weight(self, name: str, weight: Any) -> None:
+        """Copy the trainer's tensor ``name`` into the engine's model (cast to its dtype)."""
+        import torch
+
+        param = self.engine.model.get_parameter(name)  # AttributeError names an unknown weight
+        if tuple(param.shape) != tuple(weight.shape):
+            raise ValueError(f"weight {name}: trainer shape {tuple(weight.shape)}, engine {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(weight)
+        self.weights_loaded += 1
+
+    def update_weight_cuda_ipc(self, name: str, dtype: Any, shape: Any, ipc_handles: dict | None = None,
+                               empty_cache: bool = False) -> None:
+        """vLLM's ``WorkerWrap.update_weight_cuda_ipc``: open the trainer's CUDA IPC handle for this
+        GPU (matched by UUID, the device index rewritten to ours) and load the tensor."""
+        import torch
+        from openrlhf.trainer.ray.utils import get_physical_gpu_id
+
+        rebuild, args = ipc_handles[get_physical_gpu_id()]
+        args = list(args)
+        args[6] = torch.cuda.current_device()  # the handle carries the sender's device index
+        self.load_weight(name, rebuild(*args))
+        torch.cuda.synchronize()
+        if empty_cache:  # OpenRLHF sets it on the last tensor of a sync
+            torch.cuda.empty_cache()
+            print(f"HFRolloutActor: weights synced from the trainer ({self.weights_loaded} tensors loaded so far)",
+                  flush=True)
+
+    def update_weight(self, name: str, dtype: Any, shape: Any, empty_cache: bool = False) -> None:
+        raise NotImplementedError("the HF rollout engine takes weights over CUDA IPC only: run with "
+                                  "--train.colocate_all (and without --train.async_enable)")
+
 
 def create_hf_engines(num_engines: int, model_path: str, agent_func_path: str, seed: int = 0,
-                      device: str = "cpu", num_cpus: float = 1, num_gpus: float = 0) -> list:
-    """Ray actors in place of ``create_vllm_engines``'s (engine ``i`` samples with ``seed + i``)."""
+                      device: str = "cpu", num_cpus: float = 1, num_gpus: float = 0, placement_group=None) -> list:
+    """Ray actors in place of ``create_vllm_engines``'s (engine ``i`` samples with ``seed + i``; with
+    ``placement_group``, engine ``i`` sits in its bundle ``i``, as vLLM's engines do)."""
     import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     actor_cls = ray.remote(HFRolloutActor)
-    return [actor_cls.options(num_cpus=num_cpus, num_gpus=num_gpus).remote(model_path, agent_func_path,
-                                                                           seed=seed + i, device=device)
-            for i in range(num_engines)]
+    engines = []
+    for i in range(num_engines):
+        options = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        if placement_group is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=placement_group, placement_group_capture_child_tasks=True,
+                placement_group_bundle_index=i)
+        engines.append(actor_cls.options(**options).remote(model_path, agent_func_path, seed=seed + i, device=device))
+    return engines
+
+
+def create_hf_engines_like_vllm(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int,
+                                full_determinism: bool, enable_prefix_caching: bool, enforce_eager: bool,
+                                max_model_len: int, shared_pg=None, gpu_memory_utilization: float | None = None,
+                                vllm_enable_sleep: bool = False, logprobs_mode: str | None = None,
+                                agent_func_path: str | None = None, remote_rm_url: str | None = None,
+                                max_images_per_prompt: int = 0) -> list:
+    """OpenRLHF 0.11.2's ``create_vllm_engines`` signature (its ``train()`` passes the first nine
+    positionally): one GPU engine per bundle of the colocated placement group. Options only vLLM
+    has (prefix caching, eager mode, memory share, sleep) have nothing to act on and are ignored."""
+    if shared_pg is None or tensor_parallel_size != 1 or not agent_func_path:
+        raise ValueError("--sgrpo.rollout_engine hf needs --train.colocate_all (not async), "
+                         "--vllm.tensor_parallel_size 1 and --train.agent_func_path")
+    if logprobs_mode or max_images_per_prompt:
+        raise ValueError("--sgrpo.rollout_engine hf returns no rollout log-probs and takes no images: "
+                         "leave --algo.advantage.is_correction_level off and images out")
+    # 0.2 GPU of the bundle, as OpenRLHF gives a hybrid engine; the rest of the GPU is the trainer's
+    return create_hf_engines(num_engines, pretrain, agent_func_path, seed=seed, device="cuda", num_cpus=0.2,
+                             num_gpus=0.2, placement_group=shared_pg)

@@ -32,8 +32,10 @@ class UpstreamName:
 
 
 CONTRACT: tuple[UpstreamName, ...] = (
-    UpstreamName("openrlhf.cli.train_ppo_ray", "train", ("PolicyModelActor", "PPOTrainer", "PPOTrainerAsync"),
-                 "our CLI calls it after replacing the actor classes it creates"),
+    UpstreamName("openrlhf.cli.train_ppo_ray", "train",
+                 ("PolicyModelActor", "PPOTrainer", "PPOTrainerAsync", "create_vllm_engines"),
+                 "our CLI calls it after replacing the actor classes (and, for --sgrpo.rollout_engine hf, "
+                 "the engine factory) it uses"),
     UpstreamName("openrlhf.trainer.ppo_trainer", "PPOTrainer", why="subclassed: our experience maker"),
     UpstreamName("openrlhf.trainer.ppo_trainer", "BasePPOTrainer.__init__",
                  why="builds self.experience_maker, which our trainers replace"),
