@@ -23,13 +23,24 @@ from agent_env.actions import (
 )
 from agent_env.config import AgentConfig
 from agent_env.observations import Truncator, format_docs, information_block, result_block
-from agent_env.rewards import METRICS, FormatCoefficients, exact_match, format_reward, token_f1
+from agent_env.rewards import (
+    METRICS,
+    FormatCoefficients,
+    exact_match,
+    format_reward,
+    is_valid_sequence,
+    token_f1,
+)
+from agent_env.think import max_similarity, think_text
 
 
 @dataclass
 class TurnRecord:
     kind: str
     doc_ids: list[int] = field(default_factory=list)
+    think: str = ""
+    # search turns: highest word similarity of `think` to an earlier search turn's (None: no earlier one)
+    think_sim: float | None = None
 
 
 @dataclass
@@ -65,7 +76,9 @@ class Episode:
             raise RuntimeError("step() called after the episode ended")
         final = self.is_final_turn
         action = parse_action(action_text, self.allowed)
-        record = TurnRecord(action.kind)
+        record = TurnRecord(action.kind, think=think_text(action_text))
+        if action.kind == SEARCH:
+            record.think_sim = max_similarity(record.think, [t.think for t in self.turns if t.kind == SEARCH])
         observation = ""
         if action.kind == ANSWER:  # the one answer rule (actions.answer_of) for reward, EM and metadata
             self.answer = action.content
@@ -113,6 +126,13 @@ class Episode:
                                   self.cfg.retrieval_score)
         return format_reward(self.transcript, self.answer, self.golds, self.cfg.reward, coef), score
 
+    @property
+    def format_ok(self) -> bool:
+        """CalibAdv's authors' format check on the finished trajectory: Search-R1's structure
+        (``is_valid_sequence``), at least one search, no invalid action, an answer."""
+        return (self.done and self.answer is not None and self.counts[K.SEARCH_CALLS] > 0
+                and self.counts[K.INVALID_ACTIONS] == 0 and is_valid_sequence(self.transcript))
+
     def metadata(self) -> dict[str, int | float]:
         """All contract keys (same set every call); token ranges are filled by the executor."""
         meta = M.empty_metadata(self.cfg.max_turns, self.cfg.topk)
@@ -120,11 +140,14 @@ class Episode:
         meta[K.TURNS] = len(self.turns)
         meta[K.ANSWERED] = int(self.answer is not None)
         meta[K.FIRST_TOOL_TURN] = self.first_tool_turn
+        meta[K.FORMAT_OK] = int(self.format_ok)
         if self.answer is not None:
             meta[K.EM] = exact_match(self.answer, self.golds)
             meta[K.F1] = token_f1(self.answer, self.golds)
         for k, turn in enumerate(self.turns[: K.max_turn_slots(self.cfg.max_turns)]):
             meta[K.turn_kind_key(k)] = K.KIND_CODES[turn.kind]
+            if turn.think_sim is not None:
+                meta[K.turn_think_sim_key(k)] = float(turn.think_sim)
             for j, doc in enumerate(turn.doc_ids[: self.cfg.topk]):
                 meta[K.turn_doc_key(k, j)] = doc
         return meta

@@ -9,6 +9,11 @@ buffer stacks `info` across samples, so every sample must carry the SAME keys an
 must be a plain int/float scalar (no lists). Per-turn data therefore lives in fixed slots
 `turn{k}_*` for k in 0..MAX_TURN_SLOTS-1 (MAX_TURN_SLOTS = max_turns + 1), padded with -1.
 
+`turn{k}_think_sim` (float) is, for a search turn, the highest word-level similarity of its
+`<think>` text to the `<think>` of any earlier search turn of the same rollout
+(:mod:`agent_env.think`), PAD for other turns and for a search turn with no earlier one.
+`format_ok` (0/1) is CalibAdv's authors' format verdict on the whole trajectory.
+
 Token ranges: `turn{k}_start`/`turn{k}_end` are `action_ranges[k]` returned by
 `MultiTurnAgentExecutor.execute`, i.e. half-open ranges over the concatenated token sequence
 (`Experience.sequences`). OpenRLHF's `action_mask` is shifted by one: sequence token i is
@@ -33,9 +38,14 @@ F1 = "f1"
 # Number of policy (action) tokens, tool tokens excluded: the length that response-length and
 # overlong penalties must use (fix for OpenRLHF #1243, whose response_length spans tool tokens).
 ACTION_TOKENS = "action_tokens"
+# 1 when the trajectory passes the format check of CalibAdv's authors (Search-R1's structure:
+# think -> (tool -> observation -> think)* -> answer with nothing stray, at least one search, no
+# invalid action), else 0; CalibAdv calibrates only such rollouts and takes silver docs only
+# from them.
+FORMAT_OK = "format_ok"
 
 COUNTER_KEYS = (TOOL_CALLS, SEARCH_CALLS, CODE_CALLS, INVALID_ACTIONS, TOOL_ERRORS, TURNS, ANSWERED,
-                FIRST_TOOL_TURN, EM, F1, ACTION_TOKENS)
+                FIRST_TOOL_TURN, EM, F1, ACTION_TOKENS, FORMAT_OK)
 
 # Turn kinds stored in `turn{k}_kind`.
 KIND_NONE, KIND_SEARCH, KIND_CODE, KIND_ANSWER, KIND_INVALID = 0, 1, 2, 3, 4
@@ -66,7 +76,11 @@ def turn_doc_key(k: int, j: int) -> str:
     return f"turn{k}_doc{j}"
 
 
-_TURN_SLOT = re.compile(r"turn\d+_(kind|start|end|doc\d+)")
+def turn_think_sim_key(k: int) -> str:
+    return f"turn{k}_think_sim"
+
+
+_TURN_SLOT = re.compile(r"turn\d+_(kind|start|end|think_sim|doc\d+)")
 
 
 def is_turn_slot_key(key: str) -> bool:
@@ -78,6 +92,6 @@ def metadata_keys(max_turns: int, topk: int) -> list[str]:
     """Every key a sample's `extra_logs` holds, in a fixed order (topk = MAX_DOCS_PER_TURN)."""
     keys = list(COUNTER_KEYS)
     for k in range(max_turn_slots(max_turns)):
-        keys += [turn_kind_key(k), turn_start_key(k), turn_end_key(k)]
+        keys += [turn_kind_key(k), turn_start_key(k), turn_end_key(k), turn_think_sim_key(k)]
         keys += [turn_doc_key(k, j) for j in range(topk)]
     return keys

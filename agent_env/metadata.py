@@ -88,6 +88,8 @@ def empty_metadata(max_turns: int, topk: int) -> dict[str, int | float]:
     meta[K.F1] = 0.0
     for key in K.metadata_keys(max_turns, topk)[len(K.COUNTER_KEYS):]:
         meta[key] = K.PAD
+    for k in range(K.max_turn_slots(max_turns)):  # a float key stays float in every sample
+        meta[K.turn_think_sim_key(k)] = float(K.PAD)
     return meta
 
 

@@ -1,19 +1,26 @@
 """CalibAdv: calibrate token advantages of multi-turn search rollouts (pure torch, vectorized).
 
 "Negative Advantage Is a Double-Edged Sword: Calibrating Advantage in GRPO for Deep Search"
-(reference code: github.com/wujwyi/CalibAdv, option names from its ``algorithm.less_negative``
-block). A rollout with a wrong final answer (A < 0) often made *good* searches on the way; a
-plain group estimator punishes those turns as hard as the wrong answer. CalibAdv
+(reference code: github.com/wujwyi/CalibAdv, read, not copied; option names from its
+``algorithm.less_negative`` block). A rollout with a wrong final answer (A < 0) often made *good*
+searches on the way; a plain group estimator punishes those turns as hard as the wrong answer.
+By default CalibAdv does what the authors' code does (docs/sapo_calibadv.md has the rule table):
 
-1. finds the group's **silver docs**: documents retrieved by the group's good rollouts
-   (format ok and F1 >= ``silver_f1``);
-2. scores every search turn t of every rollout: ``s_t`` = share of the turn's documents that are
-   silver *and* not already retrieved by an earlier turn (or slot) of the same rollout, so a
-   repeated query or a repeated document earns nothing;
-3. softens negative rollouts turn by turn: the tokens of turn t get ``A * (1 - s_t)``;
-4. rebalances the answer segment per group so that ``sum |negative| = target_ratio * sum
-   positive`` (default 1: equal mass), by scaling the positives (``adjust="positive"``) or the
-   negatives; a group whose answer tokens are all positive or all negative gets 0 there.
+1. the group's **silver docs** are the documents retrieved by its rollouts at the group's best
+   F1 among the well-formatted ones, if that best is >= ``silver_f1`` (ties pool their docs);
+2. only well-formatted rollouts are scored; a search turn's score ``s_t`` is the share of its
+   documents that are silver *and* not retrieved earlier by the same rollout, and it is 0 when
+   the turn's ``<think>`` is more than ``think_similarity`` alike to an earlier search turn's, or
+   when it shares ``shared_docs`` or more documents with one earlier search turn;
+3. negative rollouts are softened turn by turn: the tokens of turn t get ``A * (1 - s_t)``;
+4. then (``softpenalty_first``) the answer segment is rebalanced per group so that
+   ``sum |negative| = target_ratio * sum positive`` (default 1: equal mass), by scaling the
+   positives (``adjust="positive"``) or the negatives; a group whose answer tokens are all
+   positive or all negative gets 0 there.
+
+The project's earlier rules stay available as options (``silver_from="all_good"``,
+``scored_rollouts="all"``, ``think_similarity=None``, ``shared_docs=None``,
+``softpenalty_first=False``).
 
 It post-processes the token-level advantages of *any* group estimator (GRPO, RLOO, Stratified
 GRPO, ...), so CalibAdv and Stratified GRPO compose. Inputs are plain tensors in prompt order
@@ -34,23 +41,33 @@ DOC_PAD = -1
 
 ADJUST_SIDES: tuple[str, ...] = ("positive", "negative")
 REBALANCE_SCOPES: tuple[str, ...] = ("answer", "response", "none")
+# Which good rollouts supply silver docs: those at the group's best F1 (authors), or every one.
+SILVER_SOURCES: tuple[str, ...] = ("best", "all_good")
+# Which rollouts get turn scores: well-formatted ones (authors), or every one.
+SCORED_ROLLOUTS: tuple[str, ...] = ("format_ok", "all")
 DEFAULT_SILVER_F1 = 0.7
 DEFAULT_TARGET_RATIO = 1.0
+DEFAULT_THINK_SIMILARITY = 0.5  # a turn whose think is MORE than this alike to an earlier one scores 0
+DEFAULT_SHARED_DOCS = 2  # a turn sharing AT LEAST this many docs with one earlier turn scores 0
 
 
 @dataclass(frozen=True)
 class CalibAdvConfig:
-    """CalibAdv options; the names follow the reference's ``less_negative`` switches."""
+    """CalibAdv options; defaults are the authors' code, names follow its ``less_negative`` switches."""
 
-    silver_f1: float = DEFAULT_SILVER_F1  # F1 a formatted rollout needs for its docs to be silver
+    silver_f1: float = DEFAULT_SILVER_F1  # F1 the best formatted rollout needs for its docs to be silver
+    silver_from: str = "best"  # silver sources: rollouts at the group's best F1, or all good ones
+    scored_rollouts: str = "format_ok"  # rollouts whose turns are scored (and can be softened)
+    think_similarity: float | None = DEFAULT_THINK_SIMILARITY  # None: repeated reasoning still scores
+    shared_docs: int | None = DEFAULT_SHARED_DOCS  # None: only individually repeated docs stop counting
     target_ratio: float = DEFAULT_TARGET_RATIO  # sum|neg| / sum pos after rebalancing
     adjust: str = "positive"  # which side the rebalancing rescales
     rebalance: str = "answer"  # segment rebalanced per group: answer, the whole response, or none
     only_apply_risky: bool = False  # rebalance only groups whose sum|neg|/sum pos exceeds target_ratio
-    softpenalty_first: bool = False  # soft-penalize turns before (True) or after (False) rebalancing
+    softpenalty_first: bool = True  # soft-penalize turns before (True, authors) or after rebalancing
     aggressive_threshold: float | None = None  # s_t >= this zeroes the turn instead of scaling it
     positive_upper_limit: bool = False  # A + (max_group A - A) * s_t instead of A * (1 - s_t)
-    reset2zero: bool = False  # positive rollouts: 0 on turn t when every rollout's s_t is 1
+    reset2zero: bool = False  # positive rollouts: 0 on turn t when every scored rollout's s_t is 1
 
     def __post_init__(self) -> None:
         for message in config_errors(self):
@@ -64,10 +81,17 @@ def config_errors(cfg: CalibAdvConfig | Any, prefix: str = "") -> list[str]:
         errors.append(f"{prefix}silver_f1 must be in [0, 1], got {cfg.silver_f1!r}")
     if not (math.isfinite(cfg.target_ratio) and cfg.target_ratio > 0):
         errors.append(f"{prefix}target_ratio must be a finite number > 0, got {cfg.target_ratio!r}")
-    if cfg.adjust not in ADJUST_SIDES:
-        errors.append(f"{prefix}adjust must be one of {ADJUST_SIDES}, got {cfg.adjust!r}")
-    if cfg.rebalance not in REBALANCE_SCOPES:
-        errors.append(f"{prefix}rebalance must be one of {REBALANCE_SCOPES}, got {cfg.rebalance!r}")
+    for name, allowed in (("silver_from", SILVER_SOURCES), ("scored_rollouts", SCORED_ROLLOUTS),
+                          ("adjust", ADJUST_SIDES), ("rebalance", REBALANCE_SCOPES)):
+        if getattr(cfg, name) not in allowed:
+            errors.append(f"{prefix}{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+    sim = cfg.think_similarity
+    if sim is not None and not (isinstance(sim, (int, float)) and not isinstance(sim, bool)
+                                and math.isfinite(sim) and 0.0 <= sim <= 1.0):
+        errors.append(f"{prefix}think_similarity must be in [0, 1] or None, got {sim!r}")
+    shared = cfg.shared_docs
+    if shared is not None and not (isinstance(shared, int) and not isinstance(shared, bool) and shared >= 1):
+        errors.append(f"{prefix}shared_docs must be an integer >= 1 or None, got {shared!r}")
     thr = cfg.aggressive_threshold
     if thr is not None and not (math.isfinite(thr) and 0.0 < thr <= 1.0):
         errors.append(f"{prefix}aggressive_threshold must be in (0, 1] or None, got {thr!r}")
@@ -96,17 +120,54 @@ def _first_occurrence(row_keys: torch.Tensor) -> torch.Tensor:
     return first.reshape(b, p)
 
 
-def good_rollouts(f1: torch.Tensor, format_ok: torch.Tensor, silver_f1: float = DEFAULT_SILVER_F1) -> torch.Tensor:
-    """Rollouts whose documents define the group's silver set."""
-    return format_ok.bool() & (f1 >= silver_f1)
+def silver_sources(f1: torch.Tensor, format_ok: torch.Tensor, group_size: int,
+                   silver_f1: float = DEFAULT_SILVER_F1, mode: str = "best") -> torch.Tensor:
+    """[B] True for the rollouts whose documents make up their group's silver set.
+
+    ``"best"`` (the authors): among the well-formatted rollouts with F1 >= ``silver_f1``, those at
+    the group's highest F1 (ties all count). ``"all_good"``: every one of them.
+    """
+    good = format_ok.bool() & (f1 >= silver_f1)
+    if mode == "all_good":
+        return good
+    f1 = f1.to(torch.float64)
+    best = torch.where(good, f1, torch.full_like(f1, -math.inf)).view(-1, group_size).max(-1).values
+    return good & (f1 == best.repeat_interleave(group_size))
+
+
+def scored_rows(format_ok: torch.Tensor, mode: str = "format_ok") -> torch.Tensor:
+    """[B] True for the rollouts whose search turns get a score (only those can be softened)."""
+    return format_ok.bool() if mode == "format_ok" else torch.ones_like(format_ok, dtype=torch.bool)
+
+
+def shared_with_earlier(doc_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, T] the most distinct documents turn t has in common with any ONE earlier turn."""
+    b, t, d = doc_ids.shape
+    same_turn = (doc_ids.unsqueeze(-1) == doc_ids.unsqueeze(-2)) & valid.unsqueeze(-2)  # [B, T, D, D]
+    earlier_slot = torch.ones(d, d, dtype=torch.bool, device=doc_ids.device).tril(-1)
+    distinct = valid & ~(same_turn & earlier_slot).any(-1)  # a doc twice in one turn counts once
+    most = torch.zeros(b, t, dtype=torch.long, device=doc_ids.device)
+    for u in range(t - 1):  # earlier turn u against every later turn t > u
+        hit = ((doc_ids.unsqueeze(-1) == doc_ids[:, u].view(b, 1, 1, d)) & valid[:, u].view(b, 1, 1, d)).any(-1)
+        common = (hit & distinct).sum(-1)  # [B, T]
+        later = torch.arange(t, device=doc_ids.device) > u
+        most = torch.where(later, torch.maximum(most, common), most)
+    return most
 
 
 def turn_scores(doc_ids: torch.Tensor, turn_kind: torch.Tensor, f1: torch.Tensor, format_ok: torch.Tensor,
-                group_size: int, silver_f1: float = DEFAULT_SILVER_F1) -> torch.Tensor:
+                group_size: int, *, config: CalibAdvConfig | None = None,
+                think_sim: torch.Tensor | None = None) -> torch.Tensor:
     """``s_t`` [B, T]: share of a search turn's docs that are silver and new to the rollout.
 
-    Non-search turns and turns without documents score 0.
+    0 for non-search turns, turns without documents, rollouts that are not scored
+    (``scored_rollouts``), and turns the two repetition rules catch: a ``think_sim`` above
+    ``think_similarity`` or ``shared_docs`` or more documents in common with one earlier turn.
     """
+    cfg = config or CalibAdvConfig()
+    if cfg.think_similarity is not None and think_sim is None:
+        raise ValueError(f"CalibAdv: think_similarity={cfg.think_similarity} needs think_sim [B, T] (the agent's "
+                         f"turn{{k}}_think_sim); pass it, or set think_similarity=None")
     b, t, d = doc_ids.shape
     is_search = (turn_kind == KIND_SEARCH)
     valid = (doc_ids != DOC_PAD) & is_search.unsqueeze(-1)
@@ -114,7 +175,8 @@ def turn_scores(doc_ids: torch.Tensor, turn_kind: torch.Tensor, f1: torch.Tensor
     group = torch.arange(b, device=doc_ids.device) // group_size
     # Silver set membership through one sort-based isin on (group, doc) keys.
     keys = group.view(b, 1, 1) * u + cid
-    pool_rows = good_rollouts(f1, format_ok, silver_f1).view(b, 1, 1) & valid
+    sources = silver_sources(f1, format_ok, group_size, cfg.silver_f1, cfg.silver_from)
+    pool_rows = sources.view(b, 1, 1) & valid
     silver = torch.isin(keys, keys[pool_rows]) & valid
     # Unseen earlier: first occurrence of the doc in the rollout (turn-major order); padded
     # slots get a per-position key that cannot collide with a real document.
@@ -122,7 +184,12 @@ def turn_scores(doc_ids: torch.Tensor, turn_kind: torch.Tensor, f1: torch.Tensor
     first = _first_occurrence(row_keys.reshape(b, t * d)).reshape(b, t, d)
     useful = (silver & first).sum(-1).to(torch.float32)
     n_docs = valid.sum(-1).to(torch.float32)
-    return torch.where(n_docs > 0, useful / n_docs.clamp_min(1), torch.zeros_like(useful))
+    keep = (n_docs > 0) & scored_rows(format_ok, cfg.scored_rollouts).view(b, 1)
+    if cfg.think_similarity is not None:
+        keep &= ~(think_sim > cfg.think_similarity)
+    if cfg.shared_docs is not None:
+        keep &= shared_with_earlier(doc_ids, valid) < cfg.shared_docs
+    return torch.where(keep, useful / n_docs.clamp_min(1), torch.zeros_like(useful))
 
 
 # ---------------------------------------------------------------- token masks
@@ -144,13 +211,18 @@ def answer_turn_index(turn_kind: torch.Tensor, turn_start: torch.Tensor, turn_en
 
 def soft_penalty(advantages: torch.Tensor, rollout_adv: torch.Tensor, scores: torch.Tensor,
                  turn_cols: torch.Tensor, turn_kind: torch.Tensor, group_size: int,
-                 cfg: CalibAdvConfig) -> torch.Tensor:
-    """Scale (or lift) the search-turn tokens of negative rollouts by their turn score."""
+                 cfg: CalibAdvConfig, scored: torch.Tensor | None = None) -> torch.Tensor:
+    """Scale (or lift) the search-turn tokens of negative rollouts by their turn score.
+
+    ``scored`` [B] marks the rollouts that have turn scores at all (default: every one); only
+    they take part in ``reset2zero``.
+    """
     search = turn_kind == KIND_SEARCH
     negative = (rollout_adv < 0).unsqueeze(-1) & search  # [B, T]
     cols = turn_cols.to(advantages.dtype)
     if cfg.positive_upper_limit:
-        group_max = rollout_adv.view(-1, group_size).max(-1).values.repeat_interleave(group_size)
+        # the authors' group maximum starts from 0, so it is never below 0
+        group_max = rollout_adv.view(-1, group_size).max(-1).values.clamp_min(0).repeat_interleave(group_size)
         lift = (group_max - rollout_adv).unsqueeze(-1) * scores * negative  # [B, T]
         out = advantages + torch.einsum("bt,bta->ba", lift.to(advantages.dtype), cols)
     else:
@@ -160,12 +232,13 @@ def soft_penalty(advantages: torch.Tensor, rollout_adv: torch.Tensor, scores: to
         cut = ((1.0 - keep) * negative).to(advantages.dtype)  # share removed per turn
         out = advantages * (1.0 - torch.einsum("bt,bta->ba", cut, cols))
     if cfg.reset2zero:
-        # Mean score over the group's rollouts that searched at slot t; == 1 means "every one
-        # found only new silver docs there": nothing to learn, so positives get 0 on it.
-        s = (scores * search).view(-1, group_size, scores.shape[1]).sum(1)
-        c = search.view(-1, group_size, scores.shape[1]).sum(1)
+        # Mean score over the group's scored rollouts that searched at slot t; == 1 means "every
+        # one found only new silver docs there": nothing to learn, so positives get 0 on it.
+        counted = search if scored is None else search & scored.bool().unsqueeze(-1)
+        s = (scores * counted).view(-1, group_size, scores.shape[1]).sum(1)
+        c = counted.view(-1, group_size, scores.shape[1]).sum(1)
         trivial = ((c > 0) & (s >= c - 1e-9)).repeat_interleave(group_size, 0)  # [B, T]
-        zero = ((rollout_adv > 0).unsqueeze(-1) & search & trivial).to(advantages.dtype)
+        zero = ((rollout_adv > 0).unsqueeze(-1) & counted & trivial).to(advantages.dtype)
         out = out * (1.0 - torch.einsum("bt,bta->ba", zero, cols))
     return out
 
@@ -219,32 +292,38 @@ def calibadv_token_advantages(
     action_mask: torch.Tensor | None = None,
     rollout_advantage: torch.Tensor | None = None,
     config: CalibAdvConfig | None = None,
+    think_sim: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Calibrated token advantages [B, A] and batch stats.
 
     Shapes: advantages/action_mask [B, A]; turn_kind/turn_start/turn_end [B, T] (advantage
-    columns, half-open, -1 padded); doc_ids [B, T, D] (-1 padded); f1/format_ok/
-    rollout_advantage [B]. Rows are prompt-contiguous, ``group_size`` per prompt.
-    ``rollout_advantage`` decides a rollout's sign (default: its masked mean token advantage).
+    columns, half-open, -1 padded); doc_ids [B, T, D] (-1 padded); think_sim [B, T] (a search
+    turn's highest think similarity to an earlier search turn, -1 where none; needed unless
+    ``think_similarity`` is None); f1/format_ok/rollout_advantage [B]. Rows are
+    prompt-contiguous, ``group_size`` per prompt. ``rollout_advantage`` decides a rollout's sign
+    (default: its masked mean token advantage).
     """
     cfg = config or CalibAdvConfig()
-    _validate(advantages, turn_kind, turn_start, turn_end, doc_ids, f1, format_ok, group_size, action_mask)
+    _validate(advantages, turn_kind, turn_start, turn_end, doc_ids, f1, format_ok, group_size, action_mask,
+              think_sim)
     adv = advantages.clone()
     mask = torch.ones_like(adv, dtype=torch.bool) if action_mask is None else action_mask.bool()
     if rollout_advantage is None:
         rollout_advantage = (adv * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-    scores = turn_scores(doc_ids, turn_kind, f1, format_ok, group_size, cfg.silver_f1)
+    scores = turn_scores(doc_ids, turn_kind, f1, format_ok, group_size, config=cfg, think_sim=think_sim)
+    scored = scored_rows(format_ok, cfg.scored_rollouts)
     turn_cols = turn_column_masks(turn_start, turn_end, adv.shape[1]) & mask.unsqueeze(1)
 
     stats: dict[str, float] = {}
     if cfg.softpenalty_first:
-        adv = soft_penalty(adv, rollout_advantage, scores, turn_cols, turn_kind, group_size, cfg)
+        adv = soft_penalty(adv, rollout_advantage, scores, turn_cols, turn_kind, group_size, cfg, scored)
     if cfg.rebalance != "none":
         adv, stats = rebalance(adv, _rebalance_scope(cfg.rebalance, turn_kind, turn_start, turn_end, turn_cols, mask),
                                group_size, cfg)
     if not cfg.softpenalty_first:
-        adv = soft_penalty(adv, rollout_advantage, scores, turn_cols, turn_kind, group_size, cfg)
+        adv = soft_penalty(adv, rollout_advantage, scores, turn_cols, turn_kind, group_size, cfg, scored)
     stats.update(_score_stats(scores, turn_kind, rollout_advantage))
+    stats["calibadv/scored_share"] = float(scored.to(torch.float32).mean())
     return adv, stats
 
 
@@ -267,7 +346,8 @@ def _score_stats(scores: torch.Tensor, turn_kind: torch.Tensor, rollout_adv: tor
     }
 
 
-def _validate(advantages, turn_kind, turn_start, turn_end, doc_ids, f1, format_ok, group_size, action_mask) -> None:
+def _validate(advantages, turn_kind, turn_start, turn_end, doc_ids, f1, format_ok, group_size, action_mask,
+              think_sim=None) -> None:
     if advantages.dim() != 2:
         raise ValueError(f"CalibAdv: advantages must be [B, A], got shape {tuple(advantages.shape)}")
     b = advantages.shape[0]
@@ -282,6 +362,9 @@ def _validate(advantages, turn_kind, turn_start, turn_end, doc_ids, f1, format_o
     for name, t in (("f1", f1), ("format_ok", format_ok)):
         if t.shape != (b,):
             raise ValueError(f"CalibAdv: {name} must be [B={b}], got shape {tuple(t.shape)}")
+    if think_sim is not None and think_sim.shape != turn_kind.shape:
+        raise ValueError(f"CalibAdv: think_sim must be [B, T]={tuple(turn_kind.shape)}, got shape "
+                         f"{tuple(think_sim.shape)}")
     if action_mask is not None and action_mask.shape != advantages.shape:
         raise ValueError(f"CalibAdv: action_mask shape {tuple(action_mask.shape)} != advantages shape "
                          f"{tuple(advantages.shape)}")

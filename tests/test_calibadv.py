@@ -1,12 +1,18 @@
 """CalibAdv: hand-made multi-turn groups with known silver docs -> the exact token advantages.
 
-Then the wiring: the agent's ``turn{k}_*`` info slots (agent_env.info_keys) through OpenRLHF's
-real experience maker (ours), for GRPO and Stratified GRPO alike.
+First the five rules where the authors' code (github.com/wujwyi/CalibAdv, read, not copied)
+differs from what this project did before, each restated on a group built by hand (one test per
+rule; docs/sapo_calibadv.md maps rule -> authors -> ours -> test), then the parts that did not
+change (scoring, rebalancing, the options, bad input), then the wiring: the agent's
+``turn{k}_*`` info slots (agent_env.info_keys) through OpenRLHF's real experience maker (ours),
+for GRPO and Stratified GRPO alike. The inputs coming from real agent episodes are in
+tests/test_calibadv_inputs.py.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -48,20 +54,180 @@ def tensors(*groups):
     col = torch.arange(W).view(1, 1, W)
     mask = ((col >= start.unsqueeze(-1)) & (col < end.unsqueeze(-1))).any(1)  # the turns' tokens
     return dict(advantages=adv, turn_kind=kind, turn_start=start, turn_end=end, doc_ids=docs,
-                f1=cat(5, torch.float32), format_ok=cat(6, torch.bool), group_size=3, action_mask=mask)
+                think_sim=torch.full(kind.shape, -1.0), f1=cat(5, torch.float32), format_ok=cat(6, torch.bool),
+                group_size=3, action_mask=mask)
+
+
+def scores_of(t: dict, config: CalibAdvConfig | None = None) -> torch.Tensor:
+    return turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], t["group_size"], config=config,
+                       think_sim=t["think_sim"])
 
 
 def test_turn_scores_silver_unseen_and_format():
     t = tensors(group_one())
-    s = turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], 3)
     want = torch.tensor([[1.0, 0, 0, 0], [0.5, 0.0, 1.0, 0], [0.0, 0, 0, 0]])
-    torch.testing.assert_close(s, want)
-    # with a valid format rollout 2 (F1 .8 >= .7) becomes a silver source: 50 and 60 turn silver
+    torch.testing.assert_close(scores_of(t), want)
+    # rollout 2 (F1 .8, below the group's best 1.0) adds no silver docs even with a valid format,
+    # but it is scored then: its 50 and 60 are not silver, so 0
     t["format_ok"][2] = True
-    s = turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], 3)
+    torch.testing.assert_close(scores_of(t), want)
+    # the project's earlier rule (every good rollout supplies silver docs) stays an option
+    s = scores_of(t, CalibAdvConfig(silver_from="all_good"))
     torch.testing.assert_close(s[1], torch.tensor([1.0, 0.0, 1.0, 0]))
     torch.testing.assert_close(s[2], torch.tensor([1.0, 0, 0, 0]))
 
+
+# ------------------------------------------------------------------ the authors' rules, one test each
+
+C = 2  # code turn kind
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a hand-built rollout: its kind, token count, retrieved docs and think similarity."""
+
+    kind: int
+    tokens: int = 2
+    docs: tuple[int, ...] = ()
+    think_sim: float = -1.0  # -1: no earlier search turn to compare with
+
+
+@dataclass(frozen=True)
+class Rollout:
+    turns: tuple[Turn, ...]
+    adv: float  # the estimator's advantage, on every action token
+    f1: float
+    format_ok: bool = True
+
+
+def batch(*rollouts: Rollout, width: int = 12) -> dict:
+    """Tensors for ``calibadv_token_advantages``: turns laid out back to back from column 0."""
+    b = len(rollouts)
+    t = max(len(r.turns) for r in rollouts)
+    d = max([len(turn.docs) for r in rollouts for turn in r.turns] + [1])
+    kind, start, end = (torch.full((b, t), P) for _ in range(3))
+    docs, sim = torch.full((b, t, d), P), torch.full((b, t), -1.0)
+    adv, mask = torch.zeros(b, width), torch.zeros(b, width, dtype=torch.bool)
+    for i, r in enumerate(rollouts):
+        col = 0
+        for k, turn in enumerate(r.turns):
+            kind[i, k], start[i, k], end[i, k] = turn.kind, col, col + turn.tokens
+            docs[i, k, : len(turn.docs)] = torch.tensor(turn.docs, dtype=torch.long)
+            sim[i, k] = turn.think_sim
+            adv[i, col: col + turn.tokens], mask[i, col: col + turn.tokens] = r.adv, True
+            col += turn.tokens
+    return dict(advantages=adv, turn_kind=kind, turn_start=start, turn_end=end, doc_ids=docs, think_sim=sim,
+                f1=torch.tensor([r.f1 for r in rollouts]), format_ok=torch.tensor([r.format_ok for r in rollouts]),
+                group_size=b, action_mask=mask)
+
+
+def calibrate(t: dict, **options) -> torch.Tensor:
+    out, _ = calibadv_token_advantages(**t, config=CalibAdvConfig(**options) if options else None)
+    return out
+
+
+def answer(tokens: int = 2) -> Turn:
+    return Turn(A, tokens)
+
+
+def test_rule1_silver_docs_come_only_from_the_best_formatted_rollouts():
+    """Silver docs are those of the well-formatted rollouts at the group's highest F1, and only
+    when that F1 reaches 0.7; rollouts tied at the top pool their docs. A good rollout below the
+    top adds none, nor does an ill-formatted one, whatever its F1."""
+    t = batch(
+        Rollout((Turn(S, docs=(1, 2)), answer()), adv=1.0, f1=0.9),  # top (tied): 1, 2 are silver
+        Rollout((Turn(S, docs=(3,)), answer()), adv=1.0, f1=0.9),  # top (tied): 3 is silver
+        Rollout((Turn(S, docs=(4, 5)), answer()), adv=0.5, f1=0.8),  # >= 0.7 but below the top: no
+        Rollout((Turn(S, docs=(6,)), answer()), adv=0.5, f1=1.0, format_ok=False),  # broken format: no
+        Rollout((Turn(S, docs=(1, 3, 4, 6)), answer()), adv=-1.0, f1=0.0),  # 2 of 4 silver: s = .5
+        Rollout((Turn(S, docs=(5, 7)), answer()), adv=-1.0, f1=0.0),  # none silver: s = 0
+    )
+    out = calibrate(t)
+    assert out[4, :2].tolist() == [-0.5, -0.5]  # A * (1 - .5)
+    assert out[5, :2].tolist() == [-1.0, -1.0]
+    # the top is below 0.7 (the ill-formatted F1 of 1.0 does not count): no silver docs at all
+    low = batch(Rollout((Turn(S, docs=(1,)), answer()), adv=1.0, f1=0.6),
+                Rollout((Turn(S, docs=(2,)), answer()), adv=1.0, f1=1.0, format_ok=False),
+                Rollout((Turn(S, docs=(1, 2)), answer()), adv=-1.0, f1=0.0))
+    assert calibrate(low)[2, :2].tolist() == [-1.0, -1.0]
+
+
+def test_rule2_only_well_formatted_rollouts_are_calibrated():
+    """A rollout that fails the format check (agent key format_ok: tags in order, a search, an
+    answer, no invalid action) keeps its advantage on every search turn, even one that retrieved
+    only new silver docs; a well-formatted one with the same turn is softened."""
+    t = batch(
+        Rollout((Turn(S, docs=(1, 2)), answer()), adv=1.0, f1=1.0),  # the silver source
+        Rollout((Turn(S, docs=(1, 2)), answer()), adv=-1.0, f1=0.0),  # formatted: s = 1 -> 0
+        Rollout((Turn(S, docs=(1, 2)), answer()), adv=-1.0, f1=0.0, format_ok=False),  # stray text
+        Rollout((Turn(S, docs=(2, 1)), Turn(S, docs=(P,))), adv=-1.0, f1=0.0, format_ok=False),  # no answer
+    )
+    out = calibrate(t)
+    assert out[1, :2].tolist() == [0.0, 0.0]
+    assert out[2, :2].tolist() == [-1.0, -1.0]
+    assert out[3, :4].tolist() == [-1.0] * 4
+    # the project's earlier rule (every rollout scored) stays an option
+    assert calibrate(t, scored_rollouts="all")[2, :2].tolist() == [0.0, 0.0]
+
+
+def test_rule3_a_search_turn_repeating_earlier_reasoning_earns_nothing():
+    """A search turn whose <think> is MORE than 0.5 alike (word edit similarity, computed by the
+    agent) to an earlier search turn's scores 0; exactly 0.5 still scores."""
+    t = batch(
+        Rollout((Turn(S, docs=(1, 2)), Turn(S, docs=(3, 4)), answer()), adv=1.0, f1=1.0),
+        Rollout((Turn(S, docs=(1,)), Turn(S, docs=(2,), think_sim=0.75), Turn(S, docs=(3,), think_sim=0.5),
+                 Turn(S, docs=(4,), think_sim=0.51), answer()), adv=-1.0, f1=0.0),
+    )
+    out = calibrate(t)
+    assert out[1, :10].tolist() == [0, 0, -1, -1, 0, 0, -1, -1, -1, -1]
+    assert calibrate(t, think_similarity=None)[1, :8].tolist() == [0.0] * 8  # the rule off
+
+
+def test_rule4_a_search_turn_sharing_two_docs_with_one_earlier_turn_earns_nothing():
+    """A search turn that has 2 or more distinct documents in common with ONE earlier search turn
+    scores 0, even if it also found a new silver doc; one shared doc with each of several earlier
+    turns is not enough, and a document listed twice in a turn counts once."""
+    t = batch(
+        Rollout((Turn(S, tokens=2, docs=(1, 2, 3, 4, 5)), answer(10)), adv=1.0, f1=1.0),  # silver 1-5
+        Rollout((Turn(S, docs=(1, 8, 9)),  # 1 new silver of 3: s = 1/3
+                 Turn(S, docs=(8, 9, 2)),  # shares 8, 9 with turn 0 -> 0 (2 is new silver)
+                 Turn(S, docs=(1, 3)),  # shares only 1 with turn 0: 3 new silver of 2 -> 1/2
+                 Turn(S, docs=(9, 3, 4, 4)),  # one in common with each earlier turn: 4 new of 4 -> 1/4
+                 Turn(S, docs=(2, 2, 5)),  # 2 twice shares one distinct doc with turn 1: 5 new -> 1/3
+                 answer()), adv=-1.0, f1=0.0),
+    )
+    out = calibrate(t)
+    want = [-2 / 3, -1.0, -0.5, -0.75, -2 / 3]
+    assert out[1, :10].tolist() == pytest.approx([w for w in want for _ in range(2)])
+    assert calibrate(t, shared_docs=None)[1, 2:4].tolist() == pytest.approx([-2 / 3] * 2)  # the rule off
+
+
+def test_rule5_the_soft_penalty_comes_before_the_rebalancing():
+    """By default turns are softened first and the group is rebalanced after, on the softened
+    advantages. Visible when the rebalanced tokens include search turns (rebalance="response"):
+    the negative mass is 3 (one search turn halved), so the positives shrink by 3/4."""
+    t = batch(Rollout((Turn(S, docs=(1, 2)), answer()), adv=1.0, f1=1.0),
+              Rollout((Turn(S, docs=(1, 9)), answer()), adv=-1.0, f1=0.0))
+    out = calibrate(t, rebalance="response")
+    assert out[0, :4].tolist() == [0.75] * 4
+    assert out[1, :4].tolist() == [-0.5, -0.5, -1.0, -1.0]
+    # the other order (the project's earlier default) stays an option: balanced masses 4 = 4 first
+    out = calibrate(t, rebalance="response", softpenalty_first=False)
+    assert out[0, :4].tolist() == [1.0] * 4 and out[1, :4].tolist() == [-0.5, -0.5, -1.0, -1.0]
+
+
+def test_defaults_are_the_authors_settings():
+    """The settings the authors' train_grpo.sh means (adjust_positive, only_answer, in_group,
+    target_ratio 1, softpenalty_first, query score "old") with the rules of their code."""
+    cfg = CalibAdvConfig()
+    assert (cfg.silver_f1, cfg.silver_from, cfg.scored_rollouts, cfg.think_similarity, cfg.shared_docs) == \
+        (0.7, "best", "format_ok", 0.5, 2)
+    assert (cfg.adjust, cfg.rebalance, cfg.target_ratio, cfg.softpenalty_first, cfg.only_apply_risky) == \
+        ("positive", "answer", 1.0, True, False)
+    assert (cfg.aggressive_threshold, cfg.positive_upper_limit, cfg.reset2zero) == (None, False, False)
+
+
+# ------------------------------------------------------------------ what did not change
 
 def test_hand_computed_token_advantages_with_rebalancing_and_all_positive_group():
     out, stats = calibadv_token_advantages(**tensors(group_one(), group_all_positive()))
@@ -165,7 +331,7 @@ def agent_experiences(group):
                 mask[0, start[i][k]:end[i][k]] = True
             for j in range(2):
                 meta[K.turn_doc_key(k, j)] = docs[i][k][j]
-        meta.update({K.F1: f1[i], K.ANSWERED: int(fmt[i]), K.INVALID_ACTIONS: 0,
+        meta.update({K.F1: f1[i], K.ANSWERED: 1, K.FORMAT_OK: int(fmt[i]), K.INVALID_ACTIONS: 0,
                      K.SEARCH_CALLS: sum(x == S for x in kind[i]), K.TOOL_CALLS: sum(x == S for x in kind[i])})
         out.append(Experience(
             sequences=torch.ones(1, W + 1, dtype=torch.long), action_mask=mask, kl=torch.zeros(1, W),
@@ -212,7 +378,8 @@ def test_missing_turn_slots_name_the_agent(openrlhf_gpu_stubs):
     with pytest.raises(KeyError, match="agent_env.openrlhf_agent"):
         turn_tensors({"f1": torch.tensor([1.0])})
     exps = agent_experiences(group_one())
-    info = copy.deepcopy(exps[0].info)
-    del info["f1"]
-    with pytest.raises(KeyError, match="'f1'"):
-        turn_tensors(info)
+    for key in ("f1", "format_ok", "turn1_think_sim"):
+        info = copy.deepcopy(exps[0].info)
+        del info[key]
+        with pytest.raises(KeyError, match=f"'{key}'"):
+            turn_tensors(info)

@@ -20,6 +20,20 @@ def _optional_float(text: str) -> float | None:
     return None if text.strip().lower() in ("none", "") else float(text)
 
 
+def _optional_int(text: str) -> int | None:
+    return None if text.strip().lower() in ("none", "") else int(text)
+
+
+def _bool(text: str) -> bool:
+    """``true/false`` (also 1/0, yes/no, on/off), so a switch whose default is on can be turned off."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def add_extension_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("openrlhf-sgrpo: SAPO (conditional KL on drifting positive tokens)")
     g.add_argument(f"{SAPO}enable", action="store_true", default=False,
@@ -35,7 +49,20 @@ def add_extension_flags(parser: argparse.ArgumentParser) -> None:
     c.add_argument(f"{CALIB}enable", action="store_true", default=False,
                    help="soften negative advantages of turns that found new silver docs; rebalance answers")
     c.add_argument(f"{CALIB}silver_f1", type=float, default=d.silver_f1,
-                   help="F1 a well-formatted rollout needs for its retrieved docs to count as silver")
+                   help="F1 the group's best well-formatted rollout needs for its retrieved docs to be silver")
+    c.add_argument(f"{CALIB}silver_from", type=str, default=d.silver_from, choices=list(calibadv.SILVER_SOURCES),
+                   help="silver docs from the well-formatted rollouts at the group's best F1 (best, the authors) "
+                        "or from every one with F1 >= silver_f1 (all_good)")
+    c.add_argument(f"{CALIB}scored_rollouts", type=str, default=d.scored_rollouts,
+                   choices=list(calibadv.SCORED_ROLLOUTS),
+                   help="rollouts whose search turns are scored and softened: format_ok (the authors' format "
+                        "check, agent key format_ok) or all")
+    c.add_argument(f"{CALIB}think_similarity", type=_optional_float, default=d.think_similarity,
+                   help="a search turn whose <think> is more than this word-edit similar to an earlier search "
+                        "turn's scores 0 (None: off)")
+    c.add_argument(f"{CALIB}shared_docs", type=_optional_int, default=d.shared_docs,
+                   help="a search turn sharing at least this many documents with one earlier search turn "
+                        "scores 0 (None: off)")
     c.add_argument(f"{CALIB}target_ratio", type=float, default=d.target_ratio,
                    help="sum|negative| / sum positive after per-group rebalancing (1 = equal mass)")
     c.add_argument(f"{CALIB}adjust", type=str, default=d.adjust, choices=list(calibadv.ADJUST_SIDES),
@@ -44,8 +71,10 @@ def add_extension_flags(parser: argparse.ArgumentParser) -> None:
                    help="tokens rebalanced per group: the answer segment, the whole response, or none")
     c.add_argument(f"{CALIB}only_apply_risky", action="store_true", default=d.only_apply_risky,
                    help="rebalance only groups whose sum|neg|/sum pos exceeds target_ratio")
-    c.add_argument(f"{CALIB}softpenalty_first", action="store_true", default=d.softpenalty_first,
-                   help="apply the per-turn soft penalty before the rebalancing (default: after)")
+    c.add_argument(f"{CALIB}softpenalty_first", type=_bool, nargs="?", const=True, default=d.softpenalty_first,
+                   metavar="true|false",
+                   help="apply the per-turn soft penalty before the rebalancing (default true, the authors' "
+                        "order); false: rebalance first")
     c.add_argument(f"{CALIB}aggressive_threshold", type=_optional_float, default=d.aggressive_threshold,
                    help="turn score s_t >= this zeroes a negative turn instead of scaling it (None: off)")
     c.add_argument(f"{CALIB}positive_upper_limit", action="store_true", default=d.positive_upper_limit,

@@ -46,7 +46,9 @@ def _column(info: Mapping[str, Any], key: str) -> torch.Tensor:
 
 
 def turn_tensors(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """One experience's per-turn slots as [b, T] / [b, T, D] tensors (token ranges as columns)."""
+    """One experience's per-turn slots as [b, T] / [b, T, D] tensors (token ranges as columns),
+    plus the agent's per-turn think similarity, F1 and format verdict: every input CalibAdv
+    takes besides the advantages, by the names :func:`calibadv_token_advantages` uses."""
     num_turns = _count_slots(info, K.turn_kind_key)
     num_docs = _count_slots(info, lambda j: K.turn_doc_key(0, j))
     if num_turns == 0:
@@ -63,9 +65,9 @@ def turn_tensors(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
                             for k in range(num_turns)], 1)
     else:
         docs = torch.full((*kind.shape, 1), K.PAD, dtype=torch.long)
-    format_ok = (_column(info, K.ANSWERED) > 0) & (_column(info, K.INVALID_ACTIONS) == 0)
-    return {"turn_kind": kind, "turn_start": start, "turn_end": end, "doc_ids": docs,
-            "f1": _column(info, K.F1).float(), "format_ok": format_ok}
+    think_sim = torch.stack([_column(info, K.turn_think_sim_key(k)).float() for k in range(num_turns)], -1)
+    return {"turn_kind": kind, "turn_start": start, "turn_end": end, "doc_ids": docs, "think_sim": think_sim,
+            "f1": _column(info, K.F1).float(), "format_ok": _column(info, K.FORMAT_OK) > 0}
 
 
 def _pad_cols(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -73,7 +73,8 @@ def _calib_scores(trajs: list[Trajectory], n: int, cfg: CalibAdvConfig) -> list[
 
     keys = trajs[0].info.keys()
     t = turn_tensors({k: _column([tr.info for tr in trajs], k) for k in keys})
-    scores = turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], n, cfg.silver_f1)
+    scores = turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], n, config=cfg,
+                         think_sim=t["think_sim"])
     return scores.tolist()
 
 
