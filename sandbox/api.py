@@ -123,6 +123,18 @@ def _number(payload: dict[str, Any], key: str, default: float) -> float:
     return value
 
 
+def _integer(payload: dict[str, Any], key: str, default: int) -> int:
+    """An integral number. A JSON integer of any size stays a Python int (never converted to float:
+    10**309 would overflow it); a float must be finite and integral (SandboxFusion's pydantic
+    `int` takes 512.0 too)."""
+    value = _number(payload, key, default)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise RequestError(f"'{key}' must be an integer, got {value}")
+        return int(value)
+    return value
+
+
 def sandbox_path(path: Any, label: str) -> str:
     """Absolute, normalised path of a request file name (relative ones are under WORKDIR), as
     SandboxFusion resolves them against its temporary dir."""
@@ -223,9 +235,7 @@ def parse_run_request(payload: Any, limits: RequestLimits = RequestLimits()) -> 
     _number(payload, "compile_timeout", 10.0)  # Python has no compile step; checked, then unused
     timeout = _number(payload, "run_timeout", DEFAULT_RUN_TIMEOUT_S)
     timeout = min(max(timeout, MIN_RUN_TIMEOUT_S), limits.max_run_timeout_s)
-    memory = _number(payload, "memory_limit_MB", -1)
-    if not math.isfinite(memory) or memory != int(memory):
-        raise RequestError(f"'memory_limit_MB' must be an integer, got {memory}")
+    memory = _integer(payload, "memory_limit_MB", -1)
     memory = limits.default_memory_mb if memory <= 0 else min(max(memory, MIN_MEMORY_MB), limits.max_memory_mb)
     return RunRequest(code=code, stdin=stdin_bytes, run_timeout=float(timeout), memory_limit_mb=int(memory),
                       files=_decode_files(payload.get("files")), fetch_files=_fetch_list(payload.get("fetch_files")))

@@ -11,6 +11,7 @@ on a process group misses `setsid` escapees; a cgroup sees every descendant.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -226,6 +227,7 @@ def _v2_parent(mounts: list[tuple[str, str, set[str]]], leaf: str) -> str:
 
 
 LEAF_PREFIX = "sgrpo-sandbox-"
+_pools_made = itertools.count()  # a second pool in one process gets a tree of its own
 
 
 def _pid_alive(pid: int) -> bool:
@@ -253,7 +255,7 @@ def sweep_stale(version: int, parents: dict[str, str]) -> list[str]:
         except OSError:
             continue
         for name in names:
-            pid = name[len(LEAF_PREFIX):]
+            pid = name[len(LEAF_PREFIX):].split("-")[0]  # sgrpo-sandbox-<pid> or sgrpo-sandbox-<pid>-<n>
             if name.startswith(LEAF_PREFIX) and pid.isdigit() and os.path.join(base, name) != parent:
                 owners.setdefault(int(pid), {})[ctrl] = os.path.join(base, name)
     for pid, dead in owners.items():
@@ -275,9 +277,12 @@ def sweep_stale(version: int, parents: dict[str, str]) -> list[str]:
 def create_pool(size: int) -> CgroupPool:
     """Prefer cgroup v2 when its memory+pids controllers are usable, else v1; raise OSError if neither.
 
-    Slot trees left by dead services are swept first, so crashes do not pile up cgroups."""
+    Slot trees left by dead services are swept first, so crashes do not pile up cgroups. The tree is
+    named after this process (and numbered after its first): its slots hold warm sandboxes for the
+    pool's whole life, so two pools must never share one."""
     mounts, own = _mounts(), _own_paths()
-    leaf = f"{LEAF_PREFIX}{os.getpid()}"
+    n = next(_pools_made)
+    leaf = f"{LEAF_PREFIX}{os.getpid()}" + (f"-{n}" if n else "")
     errors = []
     try:
         parents = {"": _v2_parent(mounts, leaf)}

@@ -14,7 +14,8 @@ thread, and the worker pool stays sized to the sandbox's own concurrency. What t
   client to retry a request that can never succeed);
 - no `100 Continue` for a request without a body (waitress 3.0 sends one, then waits for a body
   that never comes);
-- a drain: stop accepting, answer every request already received, then return.
+- a drain: stop accepting, answer every request already received, and past a deadline have the
+  runs still going ended so that they are answered too, then return.
 """
 
 from __future__ import annotations
@@ -168,22 +169,32 @@ class HttpServer:
         """A received request is still being served, or its answer is not sent yet."""
         return any(ch.requests or ch.total_outbufs_len for ch in self._channels())
 
-    def serve_until_drained(self, on_stop: Callable[[], None], drain_timeout_s: float) -> bool:
+    def serve_until_drained(self, on_stop: Callable[[], None], drain_timeout_s: float,
+                            on_deadline: Callable[[], None] = lambda: None, flush_s: float = 2.0) -> bool:
         """Serve until request_stop(); then stop accepting, call `on_stop`, and keep serving the
-        requests already received until each is answered (True) or `drain_timeout_s` passes (False)."""
+        requests already received until each is answered (True). If some are still being served
+        after `drain_timeout_s`, call `on_deadline` (which must make them answer at once) and keep
+        writing answers for up to `flush_s` more; False if even then some were not answered."""
         while not self._stop.is_set():
             wasyncore.loop(timeout=1.0, map=self.map, use_poll=True, count=1)
         wasyncore.dispatcher.close(self.server)  # the listening socket only: the trigger stays
         on_stop()
-        deadline = time.monotonic() + drain_timeout_s
-        while time.monotonic() < deadline:
+        if self._serve_owed(time.monotonic() + drain_timeout_s):
+            return True
+        on_deadline()
+        return self._serve_owed(time.monotonic() + flush_s)
+
+    def _serve_owed(self, deadline: float) -> bool:
+        """Answer what is owed until nothing is (True) or `deadline` passes (False)."""
+        while True:
             for channel in self._channels():
                 if not channel.requests and not channel.total_outbufs_len:
                     channel.will_close = True  # idle, or a request never finished: nothing owed
             if not self._busy():
                 return True
-            wasyncore.loop(timeout=0.1, map=self.map, use_poll=True, count=1)
-        return not self._busy()
+            if time.monotonic() >= deadline:
+                return False
+            wasyncore.loop(timeout=0.05, map=self.map, use_poll=True, count=1)
 
     def close(self) -> None:
         self.server.task_dispatcher.shutdown(timeout=1)

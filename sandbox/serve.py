@@ -1,9 +1,11 @@
 """`python -m sandbox.serve`: probe the backend, refuse weak isolation, serve over HTTP.
 
 Prints `SANDBOX_LISTENING http://HOST:PORT` once bound (so `--port 0` callers learn the port).
-On SIGTERM or SIGINT it drains: it stops accepting, lets the runs in progress finish within their
-own time-outs and answers each, answers queued and later requests 503, then removes every
-cgroup/container it created and exits 0. A second signal stops at once.
+On SIGTERM or SIGINT it drains: it stops accepting, answers queued and later requests 503, and
+lets the runs in progress finish until `--drain-timeout-s` (6 s by default, so the whole shutdown
+fits the 10 s Docker and many orchestrators allow before SIGKILL); the runs still going then are
+ended and answered as a SandboxError saying so. Then it removes every sandbox and cgroup it
+created and exits 0. A second signal stops at once.
 Exit status 3: the host lacks what the backend needs (bubblewrap, cgroups, a Docker engine or
 image, a guarantee failed its probe); anything else non-zero is a fault of this service.
 """
@@ -32,7 +34,9 @@ from .http_server import HttpLimits, HttpServer, add_http_flags, http_limits
 LISTENING_PREFIX = "SANDBOX_LISTENING "
 EXIT_ENVIRONMENT = 3
 SPARE_THREADS = 4  # beyond running + queued requests: /health, /metrics and quick 429s stay answered
-DRAIN_SLACK_S = 15.0  # beyond the longest run, for the last answers to be written
+DRAIN_SLACK_S = 15.0  # beyond the longest run: how long a caller waits for the service to exit
+DEFAULT_DRAIN_TIMEOUT_S = 6.0  # runs in progress at SIGTERM get this long to finish
+ABORT_FLUSH_S = 2.0  # after ending the runs left, for their answers to be written
 log = logging.getLogger("sandbox.serve")
 
 
@@ -46,7 +50,8 @@ class ServeConfig:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     allow_weaker_isolation: bool = False
     docker_image: str = "sgrpo-sandbox:latest"
-    docker_mode: str = "resident"
+    mode: str = "resident"
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     limits: RequestLimits = field(default_factory=RequestLimits)
     http: HttpLimits = field(default_factory=HttpLimits)
 
@@ -68,9 +73,12 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--allow-weaker-isolation", action="store_true",
                    help="serve even if a guarantee failed its start-up probe (/health lists it)")
     p.add_argument("--docker-image", default="sgrpo-sandbox:latest")
-    p.add_argument("--docker-mode", choices=("resident", "cold"), default="resident",
-                   help="resident: pooled containers whose pid-1 runner spawns each run; "
-                        "cold: one container per run (the benchmark baseline)")
+    p.add_argument("--mode", "--docker-mode", dest="mode", choices=("resident", "cold"), default="resident",
+                   help="resident: warm sandboxes (bwrap or containers) whose pid-1 runner spawns each run; "
+                        "cold: a fresh sandbox per run (the benchmark baseline)")
+    p.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+                   help="on SIGTERM, runs in progress get this long to finish; the rest are ended and "
+                        "answered as a SandboxError (default 6, to fit a 10 s grace before SIGKILL)")
     add_http_flags(p)
     a = p.parse_args(argv)
     if a.max_concurrency < 1:
@@ -85,16 +93,18 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         p.error(f"--max-run-timeout-s must be > 0, got {a.max_run_timeout_s}")
     if a.max_memory_mb < MIN_MEMORY_MB:
         p.error(f"--max-memory-mb must be >= {MIN_MEMORY_MB}, got {a.max_memory_mb}")
+    if not a.drain_timeout_s >= 0:
+        p.error(f"--drain-timeout-s must be >= 0, got {a.drain_timeout_s}")
     limits = RequestLimits(max_run_timeout_s=a.max_run_timeout_s, max_memory_mb=a.max_memory_mb,
                            default_memory_mb=min(RequestLimits().default_memory_mb, a.max_memory_mb))
     return ServeConfig(a.backend, a.host, a.port, a.max_concurrency, a.max_queue, a.max_output_bytes,
-                       a.allow_weaker_isolation, a.docker_image, a.docker_mode, limits, http_limits(p, a))
+                       a.allow_weaker_isolation, a.docker_image, a.mode, a.drain_timeout_s, limits,
+                       http_limits(p, a))
 
 
 def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
     """Create and probe the backend; raise IsolationError (after cleanup) if it is too weak."""
-    backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image,
-                           docker_mode=cfg.docker_mode)
+    backend = make_backend(cfg.backend, pool_size=cfg.max_concurrency, image=cfg.docker_image, mode=cfg.mode)
     try:
         guarantees = backend.probe()
         guarantees.enforce(cfg.allow_weaker_isolation)
@@ -126,16 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         if server.stopping:
             raise SystemExit(128 + signum)  # a second signal: stop now
-        log.info("signal %d: draining (no new requests; runs in progress finish)", signum)
+        log.info("signal %d: draining (no new requests; runs in progress get %.1f s)", signum, cfg.drain_timeout_s)
         server.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"{LISTENING_PREFIX}http://{cfg.host}:{server.port}", flush=True)
     log.info("backend=%s guarantees=%s", backend.name, guarantees.as_dict())
+    stopped = (f"the sandbox service is shutting down: the run was ended {cfg.drain_timeout_s:g} s after "
+               "the stop signal (--drain-timeout-s); retry it on another replica")
     try:
-        drained = server.serve_until_drained(admission.close, cfg.limits.max_run_timeout_s + DRAIN_SLACK_S)
-        log.info("drained" if drained else "drain timed out; stopping the runs left")
+        drained = server.serve_until_drained(admission.close, cfg.drain_timeout_s,
+                                             lambda: backend.abort_runs(stopped), ABORT_FLUSH_S)
+        log.info("drained" if drained else "drain timed out; some answers were not written")
     except SystemExit:
         log.warning("stopped before the drain finished")
     finally:

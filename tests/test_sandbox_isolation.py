@@ -1,5 +1,11 @@
-"""One isolation suite, run for real against every backend: local bwrap+cgroup, and the Docker pool
-(each container's resident runner spawns the runs).
+"""One isolation suite, run for real against every backend: the local warm pool (bwrap + cgroup),
+the local cold mode (a fresh sandbox per run) and the Docker pool; in every one the sandbox's
+resident runner spawns the runs.
+
+The leaks a warm design invites (a file, a process, an environment variable, an imported module,
+an IPC object, a held lock, a key, a TIME_WAIT socket, pid 1's limits, a scratch root's metadata)
+are each checked twice: no backend hands them to a later run, and a naive pool (the same sandbox,
+but one interpreter for every job and no cleanup: tests/naive_runner.py) does, so each check can fail.
 
 Docker cases are marked `docker` and skip with the printed reason only when the environment lacks
 a piece (no engine answers, or the image is not built: `scripts/docker_ci.sh start &&
@@ -24,10 +30,10 @@ CAP = 4096
 FINISHED, TIMEOUT, MEMORY = Outcome.FINISHED, Outcome.TIMEOUT, Outcome.MEMORY
 
 
-def _make_local():
+def _make_local(mode: str = "resident"):
     from sandbox.backends.local import LocalBackend
 
-    backend = LocalBackend(pool_size=POOL)
+    backend = LocalBackend(pool_size=POOL, mode=mode)
     missing = backend.probe().missing
     if missing:
         backend.close()
@@ -55,10 +61,11 @@ def _make_docker():
     return backend
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(scope="module", params=["local", pytest.param("local-cold", marks=pytest.mark.slow),
+                                        pytest.param("docker", marks=pytest.mark.docker)])
 def backend(request):
-    """The local backend and the Docker pool."""
-    b = _make_local() if request.param == "local" else _make_docker()
+    """The local warm pool, the local cold mode and the Docker pool."""
+    b = {"local": _make_local, "local-cold": lambda: _make_local("cold"), "docker": _make_docker}[request.param]()
     yield b
     b.close()
 
@@ -348,6 +355,107 @@ def test_no_ipc_objects_outlive_a_run(backend):
         assert res.stdout == "[] False\n", res
 
 
+# ---- the leaks a warm design invites ------------------------------------------------------------
+# name: (plant, look). `look` prints what a run can see of the leak; a run after `plant` must print
+# what a run before it printed. Each plant must take (the naive pool shows the look then differs).
+PORT = 18555
+LOCKED = ("import fcntl, os\nout = []\nfor path in ('/tmp/sgrpo.lock', os.__file__):\n"
+          "    with open(path, 'a' if path.startswith('/tmp') else 'rb') as fh:\n"
+          "        try:\n            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)\n            out.append('free')\n"
+          "        except BlockingIOError:\n            out.append('held')\nprint(out)\n")
+KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine)  # add_key, keyctl
+WARM_LEAKS = {
+    "files in the work dir, /tmp and /dev/shm": (
+        "for d in ('/work', '/tmp', '/dev/shm'):\n    open(f'{d}/left', 'w').write('x')\n",
+        "import os\nprint([os.path.exists(f'{d}/left') for d in ('/work', '/tmp', '/dev/shm')])\n"),
+    "a background process": (
+        "import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        os.write(w, b'x')\n        time.sleep(120)\n    os._exit(0)\nos.read(r, 1)\n",
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid())))\n"),
+    "an environment variable": (
+        "import os\nos.environ['SGRPO_LEAK'] = '1'\nos.putenv('SGRPO_LEAK_C', '1')\n",
+        "import os\nprint(os.environ.get('SGRPO_LEAK'), os.environ.get('SGRPO_LEAK_C'))\n"),
+    "sys.modules and builtins": (
+        "import builtins, json, sys, types\nsys.modules['sgrpo_leak'] = types.ModuleType('sgrpo_leak')\n"
+        "builtins.sgrpo_leak = 1\n",
+        "import builtins, sys\nprint('sgrpo_leak' in sys.modules, hasattr(builtins, 'sgrpo_leak'), 'json' in sys.modules)\n"),
+    "SysV and POSIX IPC objects": (IPC_MAKE, IPC_LOOK),
+    "a held lock": (
+        "import fcntl, os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n"
+        "    held = [open('/tmp/sgrpo.lock', 'a'), open(os.__file__, 'rb')]\n"
+        "    for fh in held:\n        fcntl.flock(fh, fcntl.LOCK_EX)\n    os.write(w, b'x')\n    time.sleep(120)\n"
+        "    os._exit(0)\nos.read(r, 1)\n",
+        LOCKED),
+    "a key in the user keyring": (
+        f"import ctypes\nctypes.CDLL(None).syscall({KEYCTL and KEYCTL[0]}, b'user', b'sgrpo-leak', b'secret', 6, -4)\n",
+        f"import ctypes\nprint(ctypes.CDLL(None).syscall({KEYCTL and KEYCTL[1]}, 10, -4, b'user', b'sgrpo-leak', 0) >= 0)\n"),
+    "a TIME_WAIT socket on a port": (
+        f"import socket\ns = socket.socket()\ns.bind(('127.0.0.1', {PORT}))\ns.listen()\n"
+        f"c = socket.create_connection(('127.0.0.1', {PORT}))\na, _ = s.accept()\na.close()\nc.recv(1)\nc.close()\ns.close()\n",
+        f"import socket\ntry:\n    socket.socket().bind(('127.0.0.1', {PORT}))\n    print('bound')\n"
+        "except OSError as e:\n    print(e.errno)\n"),
+    "pid 1's rlimits, priority and CPU affinity": (
+        "import os, resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (64, 256))\n"
+        "resource.prlimit(1, resource.RLIMIT_NPROC, (1000, 1000))\nos.setpriority(os.PRIO_PROCESS, 1, 7)\n"
+        "os.sched_setaffinity(1, {min(os.sched_getaffinity(1))})\n",
+        "import os, resource\nprint([resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC)],\n"
+        "      os.getpriority(os.PRIO_PROCESS, 0), sorted(os.sched_getaffinity(0)))\n"),
+    "a scratch root's mode, atime and xattrs": (
+        "import os\nfor call in (lambda: os.setxattr('/work', 'user.sgrpo', b'1'), lambda: os.chmod('/tmp', 0o700),\n"
+        "             lambda: os.utime('/work', (12345, 12345))):\n    try:\n        call()\n"
+        "    except OSError:\n        pass\n",
+        "import os\ntry:\n    x = os.listxattr('/work')\nexcept OSError:\n    x = []\n"
+        "print(x, oct(os.stat('/tmp').st_mode), os.stat('/work').st_atime == 12345)\n"),
+}
+
+
+def leak_seen(backend, plant: str, look: str, visits: int) -> list[str]:
+    """What `visits` runs after `plant` printed that a run before it did not (empty: nothing leaked)."""
+    before = run(backend, look)
+    assert (before.outcome, before.return_code) == (FINISHED, 0), before
+    planted = run(backend, plant)
+    assert (planted.outcome, planted.return_code) == (FINISHED, 0), planted
+    seen = [run(backend, look) for _ in range(visits)]
+    return [r.stdout or r.stderr for r in seen if (r.outcome, r.stdout) != (FINISHED, before.stdout)]
+
+
+@pytest.mark.parametrize("leak", list(WARM_LEAKS))
+def test_nothing_a_run_leaves_reaches_a_later_run(backend, leak):
+    """Every pooled sandbox is visited after the plant; each must look as it did before it."""
+    if "keyring" in leak and KEYCTL is None:
+        pytest.skip(f"no keyctl syscall numbers for {os.uname().machine}")
+    assert leak_seen(backend, *WARM_LEAKS[leak], visits=POOL + 1) == []
+
+
+def _naive_pool():
+    """A warm pool without hygiene: the same bwrap sandbox and cgroup slot, but its pid 1 runs every
+    job in one interpreter (tests/naive_runner.py) and neither it nor the host cleans anything."""
+    from sandbox.backends.local import LocalBackend
+
+    class NaivePool(LocalBackend):
+        def _runner_command(self, python: str) -> list[str]:
+            with open(os.path.join(os.path.dirname(__file__), "naive_runner.py")) as fh:
+                return [python, "-E", "-s", "-c", fh.read()]
+
+        def _sweep(self, box, run):
+            return True, False  # no host-side kill of leftovers either
+
+    return NaivePool(pool_size=1)
+
+
+@pytest.mark.parametrize("leak", list(WARM_LEAKS))
+def test_each_leak_check_fails_on_a_naive_pool(leak):
+    """The check above is not vacuous: on a pool that reuses its interpreter and cleans nothing, the
+    plant reaches the next run."""
+    if "keyring" in leak and KEYCTL is None:
+        pytest.skip(f"no keyctl syscall numbers for {os.uname().machine}")
+    naive = _naive_pool()
+    try:
+        assert leak_seen(naive, *WARM_LEAKS[leak], visits=1) != []
+    finally:
+        naive.close()
+
+
 def test_bad_file_path_rejected():
     from sandbox.api import RequestError
 
@@ -356,7 +464,8 @@ def test_bad_file_path_rejected():
 
 
 def test_leak_loop_500_runs_leaves_nothing():
-    """500 runs (with timeouts mixed in) on the local backend, then no process/cgroup remains."""
+    """500 runs (with timeouts mixed in) on the local backend: the slots hold nothing but their warm
+    sandboxes, and after close no process or cgroup remains."""
     from sandbox.backends.local import LocalBackend
 
     backend = _make_local()
@@ -367,7 +476,8 @@ def test_leak_loop_500_runs_leaves_nothing():
                                               run_timeout=1 if i % 100 == 0 else 10), range(500)))
     assert sum(r.outcome is FINISHED for r in results) == 495
     assert sum(r.outcome is TIMEOUT for r in results) == 5
-    assert all(slot.pids() == [] for slot in backend.pool.slots)
+    sandboxes = {pid for box in backend._boxes for pid in box.keep}  # each slot's bwrap and runner
+    assert len(sandboxes) == 2 * POOL and {p for slot in backend.pool.slots for p in slot.pids()} == sandboxes
     parents = list(backend.pool.parents.values())
     backend.close()
     assert [p for p in parents if os.path.exists(p)] == []
@@ -409,14 +519,17 @@ sys.exit(subprocess.call(sys.argv[1:]))  # ...and are never reaped, like a conta
 """
 
 
-def test_runs_survive_a_pid_1_that_never_reaps():
-    """More backstop time-outs on one slot than `pids.max` allows zombies, under an ancestor that
+@pytest.mark.slow
+def test_replaced_sandboxes_survive_a_pid_1_that_never_reaps():
+    """More sandbox replacements on one slot than `pids.max` allows zombies, under an ancestor that
     never reaps.
 
-    When the service's own deadline ends a run (the init did not end it first: forced here by a
-    deadline before the init's), it kills bwrap's monitor with the run and the sandbox's init is
-    orphaned. Without the service reaping it (a child subreaper), each one stays a zombie charged
-    to the slot and run 65 cannot fork. Every run is checked, and so is that orphans really came.
+    When the service's own deadline ends a run (the runner did not answer by then: forced here by a
+    deadline before the runner's), the service kills the sandbox, bwrap's monitor with its runner,
+    and the runner is orphaned. Without the service reaping it (a child subreaper), each one stays a
+    zombie charged to the slot, and after ~64 of them the next sandbox cannot fork. Every run is
+    checked (a time-out, with no output: the runner that held it is gone), and so is that orphans
+    really came and that the slot holds only its live sandbox at the end.
     """
     import json
     import subprocess
@@ -425,20 +538,21 @@ def test_runs_survive_a_pid_1_that_never_reaps():
     from sandbox.backends.local import PIDS_MAX
 
     runs = PIDS_MAX + 16
-    script = ("import collections, json\nimport sandbox.backends.local as local\n"
-              "from sandbox.api import parse_run_request\nlocal.INIT_GRACE_S = -0.3\n"
-              "b = local.LocalBackend(pool_size=1)\n"
-              "req = parse_run_request({'code': 'print(7, flush=True)\\nwhile True: pass', 'run_timeout': 0.6})\n"
+    script = ("import collections, json\nimport sandbox.backends.resident as resident\n"
+              "from sandbox.backends.local import LocalBackend\n"
+              "from sandbox.api import parse_run_request\nresident.GRACE_S = -0.2\n"
+              "b = LocalBackend(pool_size=1)\n"
+              "req = parse_run_request({'code': 'print(7, flush=True)\\nwhile True: pass', 'run_timeout': 1})\n"
               f"rs = [b.run(req, 64) for _ in range({runs})]\n"
               "rs.append(b.run(parse_run_request({'code': 'print(8)'}), 64))\n"
               "print(json.dumps([collections.Counter((r.outcome.value, r.stdout, r.sandbox_error) for r in rs).most_common(),"
-              " b.reaper.reaped, b.pool.slots[0].charged_pids()]))\nb.close()\n")
+              " b.reaper.reaped, b.replaced, len(b.pool.slots[0].pids())]))\nb.close()\n")
     out = subprocess.run([sys.executable, "-c", NON_REAPING_PARENT, sys.executable, "-c", script],
-                         capture_output=True, text=True, timeout=180)
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    outcomes, reaped, charged = json.loads(out.stdout.strip().splitlines()[-1])
-    assert outcomes == [[["timeout", "7\n", None], runs], [["finished", "8\n", None], 1]]
-    assert reaped > 0 and charged == 0
+    outcomes, reaped, replaced, slot_pids = json.loads(out.stdout.strip().splitlines()[-1])
+    assert outcomes == [[["timeout", "", None], runs], [["finished", "8\n", None], 1]]
+    assert reaped > 0 and replaced == runs and slot_pids == 2
 
 
 @pytest.mark.docker
@@ -446,7 +560,7 @@ def test_docker_leak_loop_and_healing():
     """500 warm-pool runs, a container killed from outside (the pool heals), then zero containers."""
     backend = _make_docker()
     try:
-        victim = backend._free.queue[0].container
+        victim = backend._free.queue[0].handle
         victim.kill()
         with ThreadPoolExecutor(POOL) as pool:
             results = list(pool.map(lambda i: run(backend, "print(1)"), range(500)))
@@ -472,7 +586,7 @@ def test_resident_container_killed_mid_run_is_reported_and_healed():
 
     backend = _docker_backend(pool_size=1)
     try:
-        victim = backend._free.queue[0].container
+        victim = backend._free.queue[0].handle
         marker = f"sgrpo-victim-{uuid.uuid4().hex}"
         box: list = []
         code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', {marker!r}])"
@@ -531,7 +645,7 @@ def test_resident_runner_enforces_the_deadline_itself():
     """The runner kills the run and every heir at `timeout` and says so out of band (`timed_out`)."""
     import time
 
-    from sandbox.backends.docker_pool import _job
+    from sandbox.backends.resident import job_for
 
     backend = _docker_backend(pool_size=1)
     try:
@@ -539,7 +653,7 @@ def test_resident_runner_enforces_the_deadline_itself():
         request = parse_run_request({"code": "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(30)",
                                      "run_timeout": 1})
         start = time.monotonic()
-        reply = box.channel.call(_job(request, 64), b"", start + 30)
+        reply = box.channel.call(job_for(request, 64), b"", start + 30)
         assert reply["timed_out"] and reply["procs_left"] == 0, reply
         assert time.monotonic() - start < 10
         backend._free.put(box)

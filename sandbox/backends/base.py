@@ -82,5 +82,9 @@ class Backend(abc.ABC):
         """Backend-specific gauges for /metrics (pool size, recycled containers, ...)."""
         return {}
 
+    def abort_runs(self, reason: str) -> None:
+        """End every run in progress now (shutdown past its drain deadline): each is answered as a
+        SandboxError saying `reason`, and no new run starts."""
+
     def close(self) -> None:
         """Release every process, cgroup and container this backend created."""

@@ -1,111 +1,124 @@
-"""Local backend: bubblewrap namespaces + a pooled cgroup + rlimits, no daemon needed.
+"""Local backend: warm bubblewrap sandboxes in pooled cgroups, with rlimits; no daemon needed.
 
-Each run: take a cgroup slot, set its memory/pids limits, then start
-`sh -c 'echo $$ > slot/cgroup.procs; ulimit ...; exec setpriv <uid 65534> bwrap ... python3 main.py'`.
+Each place of the pool is a cgroup slot (memory + pids). A sandbox is started in it once:
+`sh -c 'echo $$ > slot/cgroup.procs; ulimit ...; exec setpriv <uid 65534> bwrap ... python3 -c RUNNER'`.
 The root shell only joins the cgroup before anything untrusted runs (so every descendant is
 accounted and killable), sets the rlimits and drops to uid 65534 for good. bwrap gives a private
 network (no interfaces but lo), pid, ipc, uts and user namespace, a read-only root made of /usr
-only, and fresh size-capped tmpfs /work, /tmp and /dev/shm that vanish with the mount namespace.
+only, and size-capped tmpfs /work, /tmp and /dev/shm plus an mqueue mount. Its pid 1
+(`--as-pid-1`) is the resident runner (resident_runner.py, the Docker pool's own), which spawns
+each run as a fresh `python3 -E -s main.py`, reports its wait status (-N for a death by signal N),
+and proves the sandbox clean before the next run (resident.py holds the host side both backends
+share). So a run pays one interpreter start, not bwrap's setup, a cgroup and a second interpreter.
 
-Inside, pid 1 is our own init (`sandbox_init.py`, bwrap `--as-pid-1`), not bwrap's: it starts
-the program, reaps orphans, and reports the program's wait status on a pipe the program never
-holds, so a death by signal N reads -N as in SandboxFusion, where bwrap's monitor would fold it
-into 128 + N like `exit(128 + N)`.
-
-How a run ended is decided from what the service saw, never from the program's output: its own
-deadline (a time-out), the slot's `oom_kill` counter (a memory kill), bwrap's status fd (an
-`exit-code` only once the sandbox was set up) and the init's report (its first line is written
-before the program exists; then the program's status, or why it could not be started).
+`mode="cold"` starts a fresh sandbox for every run and drops it after: fresh namespaces per run,
+at the old cost (the benchmark's baseline for what the warm pool buys).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import select
 import shlex
 import shutil
 import subprocess
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from .. import fetch
-from ..api import SCRIPT, WORKDIR, ExecResult, Outcome, RunRequest
+from ..api import DEFAULT_MEMORY_MB, WORKDIR
 from ..cgroups import CgroupPool, Slot, create_pool
 from ..probe import run_probe
 from ..reaper import OrphanReaper
-from .base import Backend, Guarantees
-from .pump import pump
+from .base import Guarantees
+from .channel import ChannelError, PipeChannel
+from .resident import Box, BoxError, ResidentPool
 
 log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534
 SCRATCH_BYTES = 64 << 20  # each of /work, /tmp and /dev/shm
 PIDS_MAX = 64
-INIT_GRACE_S = 5.0  # past run_timeout, the service ends a run whose init did not (then no files come back)
-SETTLE_S = 0.5  # how long a killed run's orphaned sandbox init may take to exit and be reaped
+START_TIMEOUT_S = 30.0  # for bwrap's setup and the runner's first frame
+SETTLE_S = 0.5  # how long a killed sandbox's orphaned runner may take to exit and be reaped
+LIMIT_RETRY_S = 1.0  # lowering the memory limit waits this long for the last run's files to be wiped
 NOFILE = 256
 FSIZE_BYTES = 64 << 20
 PYTHON = "/usr/bin/python3"
-PROGRAM = [PYTHON, "-E", "-s", "main.py"]  # -E: ignore PYTHON* env; -s: no user site
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
-STATUS_CAP = 1 << 16
-REPORT_SLACK = 4096  # the init's "started" line and returncode around the fetch answer
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)
-    os.write(fd, data)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+@dataclass
+class _Sandbox:
+    """The host's handles on one bwrap sandbox."""
+
+    proc: subprocess.Popen  # the launcher, then bwrap's monitor (same pid)
+    status_r: int  # bwrap's --json-status-fd
+    runner_pid: int | None  # host pid of pid 1 inside, the resident runner
 
 
-def _read_all(fd: int, cap: int) -> bytes:
-    chunks: list[bytes] = []
-    while sum(map(len, chunks)) < cap and (chunk := os.read(fd, cap)):
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _bwrap_status(status_r: int, deadline: float) -> int | None:
+    """The host pid of bwrap's child (our runner) from its first `--json-status-fd` line."""
+    buf = b""
+    while b"\n" not in buf:
+        ready, _, _ = select.select([status_r], [], [], max(deadline - time.monotonic(), 0))
+        chunk = os.read(status_r, 4096) if ready else b""
+        if not chunk:
+            return None
+        buf += chunk
+    try:
+        doc = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    return doc.get("child-pid") if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int) else None
 
 
-def _bwrap_status(status: bytes) -> tuple[int | None, int | None]:
-    """bwrap's `--json-status-fd` stream: (its child's host pid, its child's exit status), each None
-    if not reported; an exit status comes only once the sandbox was set up."""
-    child_pid = exit_code = None
-    for line in status.decode(errors="replace").splitlines():
+def _write_limits(slot: Slot, memory_mb: int) -> None:
+    """Set a slot's limits; a limit below what the last run's not yet wiped tmpfs files hold is
+    refused (EBUSY) until the runner has wiped them."""
+    deadline = time.monotonic() + LIMIT_RETRY_S
+    while True:
         try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("child-pid"), int):
-            child_pid = doc["child-pid"]
-        if isinstance(doc, dict) and isinstance(doc.get("exit-code"), int):
-            exit_code = doc["exit-code"]
-    return child_pid, exit_code
+            slot.set_limits(memory_mb << 20, PIDS_MAX)
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise BoxError(f"cannot set the memory limit to {memory_mb} MB: {err}") from err
+            time.sleep(0.005)
 
 
-class LocalBackend(Backend):
+class LocalBackend(ResidentPool):
     """bubblewrap + cgroup slots; `pool_size` bounds concurrent executions."""
 
     name = "local"
 
-    def __init__(self, pool_size: int = 4) -> None:
+    def __init__(self, pool_size: int = 4, mode: str = "resident") -> None:
         self.pool_size = pool_size
+        self.memory_mb = DEFAULT_MEMORY_MB
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
         self.pool: CgroupPool | None = None
         self._pool_error = ""
-        self._fallback_sem = threading.BoundedSemaphore(pool_size)
         try:
             self.pool = create_pool(pool_size)
         except OSError as err:
             self._pool_error = str(err)
             log.warning("no cgroup pool: %s", err)
         self.reaper = OrphanReaper()
+        # bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that started it ends:
+        # every sandbox is started from this one thread, which lives as long as the backend
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-start")
+        super().__init__(mode, list(self.pool.slots) if self.pool else [None] * pool_size)
+        self._warm_up()
 
     # ---- command construction -------------------------------------------------------------
-    def _bwrap_args(self, files: list[tuple[int, str]], status_fd: int, command: list[str]) -> list[str]:
+    def _bwrap_args(self, status_fd: int, command: list[str]) -> list[str]:
         args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--as-pid-1",
                 "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--die-with-parent", "--new-session", "--clearenv", "--hostname", "sandbox",
@@ -121,11 +134,9 @@ class LocalBackend(Backend):
                 args += ["--ro-bind", etc, etc]
         for key, value in SANDBOX_ENV.items():
             args += ["--setenv", key, value]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--proc", "/proc", "--dev", "/dev", "--mqueue", "/dev/mqueue"]
         for scratch in ("/tmp", WORKDIR, "/dev/shm"):
             args += ["--size", str(SCRATCH_BYTES), "--tmpfs", scratch]
-        for fd, path in files:  # bwrap creates the parent directories, owned by the sandbox user
-            args += ["--file", str(fd), path]
         return [*args, "--remount-ro", "/dev", "--chdir", WORKDIR, "--remount-ro", "/", *command]
 
     def _launch_prefix(self, slot: Slot | None) -> list[str]:
@@ -137,95 +148,71 @@ class LocalBackend(Backend):
         steps.append(f'exec {drop}"$@"')
         return ["/bin/sh", "-c", " && ".join(steps), "sandbox-launch"]
 
-    # ---- execution --------------------------------------------------------------------------
-    def run(self, request: RunRequest, max_output_bytes: int) -> ExecResult:
+    # ---- the pool's sandboxes ---------------------------------------------------------------
+    def _new_box(self, place: object, memory_mb: int) -> Box:
         if self.bwrap is None:
-            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", 0.0,
-                              sandbox_error="bubblewrap (bwrap) is not installed")
-        slot = self.pool.acquire() if self.pool is not None else None
-        if slot is None:
-            self._fallback_sem.acquire()
-        fds: list[int] = []
-        try:
-            oom_before = 0
-            if slot is not None:
-                slot.set_limits(request.memory_limit_mb << 20, PIDS_MAX)
-                oom_before = slot.oom_kills()
-            files = [(_memfd("main.py", request.code.encode()), SCRIPT)]
-            files += [(_memfd("file", data), path) for path, data in request.files.items()]
-            fds += [fd for fd, _ in files]
-            return self._execute(request, slot, files, fds, max_output_bytes, oom_before)
-        finally:
-            for fd in fds:
-                os.close(fd)
-            if slot is not None:
-                self.pool.release(slot)  # type: ignore[union-attr]
-            else:
-                self._fallback_sem.release()
-
-    def _execute(self, request: RunRequest, slot: Slot | None, files: list[tuple[int, str]], fds: list[int],
-                 max_output_bytes: int, oom_before: int) -> ExecResult:
+            raise BoxError("bubblewrap (bwrap) is not installed")
+        slot = place if isinstance(place, Slot) else None
+        if slot is not None:
+            slot.kill_all()  # whatever a dropped sandbox left
+            _write_limits(slot, memory_mb)
         status_r, status_w = os.pipe()
-        report_r, report_w = os.pipe()
-        fds += [status_r, report_r]
-        passed = [fd for fd, _ in files] + [status_w, report_w]
-        command = fetch.init_command(PYTHON, report_w, request.run_timeout, request.fetch_files, PROGRAM)
-        cmd = [*self._launch_prefix(slot), *self._bwrap_args(files, status_w, command)]
-        start = time.monotonic()
+        (in_r, in_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        cmd = [*self._launch_prefix(slot), *self._bwrap_args(status_w, self._runner_command(PYTHON))]
         try:
-            proc = self.reaper.spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     pass_fds=passed, start_new_session=True,
-                                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-        finally:
-            for fd in passed[len(files):]:  # the write ends now live in the child only
+            proc = self._starter.submit(self.reaper.spawn, cmd, stdin=in_r, stdout=out_w, stderr=err_w,
+                                        pass_fds=[status_w], start_new_session=True, env=HOST_ENV).result()
+        except OSError as err:
+            for fd in (status_r, in_w, out_r, err_r):
                 os.close(fd)
-        try:
-            captured = pump(proc, request.stdin, start + request.run_timeout + INIT_GRACE_S, max_output_bytes,
-                            {report_r: fetch.ANSWER_CAP + REPORT_SLACK})
+            raise BoxError(f"cannot start bwrap: {err}") from err
         finally:
-            if slot is not None:
-                slot.kill_all()
-            try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
-                pass
-            rc = proc.wait()
-            self.reaper.forget(proc.pid)
-        elapsed = time.monotonic() - start
-        init_pid, exit_code = _bwrap_status(_read_all(status_r, STATUS_CAP))
-        self._settle(slot, init_pid)
-        set_up = exit_code is not None
-        report = fetch.read_init_report(captured.side[report_r])
-        if captured.timed_out:  # the init did not end the run at its deadline: ours, later, did
-            return ExecResult(Outcome.TIMEOUT, None, captured.stdout, captured.stderr, elapsed)
-        if report.timed_out:
-            result = ExecResult(Outcome.TIMEOUT, None, captured.stdout, captured.stderr, elapsed)
-            return self._with_fetched(result, request, report)
-        if slot is not None and slot.oom_kills() > oom_before:
-            return ExecResult(Outcome.MEMORY, report.returncode, captured.stdout, captured.stderr, elapsed)
-        if not (set_up and report.started):  # the program never started: stderr is the launcher's or bwrap's own
-            reason = captured.stderr.strip()[-2000:] or f"the sandbox launcher exited with status {rc}"
-            return ExecResult(Outcome.SANDBOX_ERROR, rc, "", "", elapsed, sandbox_error=reason)
-        if not report.ended:
-            reason = (f"the sandbox could not start the program: {report.spawn_error}" if report.spawn_error
-                      else f"the sandbox's init ended (status {rc}) without reporting the program's status")
-            return ExecResult(Outcome.SANDBOX_ERROR, None, "", "", elapsed, sandbox_error=reason)
-        result = ExecResult(Outcome.FINISHED, report.returncode, captured.stdout, captured.stderr, elapsed)
-        return self._with_fetched(result, request, report)
+            for fd in (status_w, in_r, out_w, err_w):  # the child's ends live in the child only
+                os.close(fd)
+        channel = PipeChannel(in_w, out_r, err_r, f"local sandbox {proc.pid}")
+        sandbox = _Sandbox(proc, status_r, None)
+        box = Box(slot, channel, memory_mb, channel.name, cgroup=slot, handle=sandbox)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            channel.receive(deadline)  # the runner's "ready": bwrap set the sandbox up
+            sandbox.runner_pid = _bwrap_status(status_r, deadline)
+        except (ChannelError, ValueError) as err:
+            self._kill(box)
+            proc.wait()
+            reason = channel.drain_stderr().strip()[-2000:] or str(err)
+            self._drop(box)
+            raise BoxError(f"the sandbox did not start: {reason}") from err
+        box.keep = frozenset({proc.pid, sandbox.runner_pid or proc.pid})
+        return box
 
-    @staticmethod
-    def _with_fetched(result: ExecResult, request: RunRequest, report: fetch.InitReport) -> ExecResult:
-        if request.fetch_files:
-            result.files, result.notes = fetch.read_answer(report.answer, request.fetch_files)
-        return result
+    def _set_memory(self, box: Box, memory_mb: int) -> None:
+        if box.cgroup is not None:
+            _write_limits(box.cgroup, memory_mb)
 
-    def _settle(self, slot: Slot | None, init_pid: int | None) -> None:
-        """Reap the run's init if it was orphaned (see sandbox/reaper.py), then check that the slot
-        charges no pid, so the next run gets all of `pids.max`."""
-        if init_pid is not None:
-            self.reaper.reap(init_pid, SETTLE_S)
-        if slot is not None and not slot.wait_uncharged(SETTLE_S):
-            log.warning("slot %s still charges %d pids after the run", slot.dirs, slot.charged_pids())
+    def _kill(self, box: Box) -> None:
+        sandbox: _Sandbox = box.handle  # type: ignore[assignment]
+        if box.cgroup is not None:
+            box.cgroup.kill_all()
+        try:  # bwrap's monitor; the runner dies with it (--die-with-parent), and the pid ns with the runner
+            os.killpg(sandbox.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def _drop(self, box: Box) -> None:
+        sandbox: _Sandbox = box.handle  # type: ignore[assignment]
+        self._kill(box)
+        box.channel.close()
+        sandbox.proc.wait()
+        self.reaper.forget(sandbox.proc.pid)
+        if sandbox.runner_pid is not None:  # orphaned when bwrap died first: reaped here (reaper.py)
+            self.reaper.reap(sandbox.runner_pid, SETTLE_S)
+        os.close(sandbox.status_r)
+        slot = box.cgroup
+        try:
+            if slot is not None and not slot.wait_uncharged(SETTLE_S):
+                log.warning("slot %s still charges %d pids after its sandbox ended", slot.dirs, slot.charged_pids())
+        except OSError:  # the pool was closed meanwhile: its slots are gone
+            pass
 
     # ---- start-up probe ---------------------------------------------------------------------
     def probe(self) -> Guarantees:
@@ -247,9 +234,11 @@ class LocalBackend(Backend):
 
     def stats(self) -> dict[str, float]:
         return {"cgroup_slots": float(len(self.pool.slots)) if self.pool else 0.0,
-                "cgroup_version": float(self.pool.version) if self.pool else 0.0}
+                "cgroup_version": float(self.pool.version) if self.pool else 0.0, **self.pool_stats("local")}
 
     def close(self) -> None:
+        super().close()
+        self._starter.shutdown(wait=False)
         if self.pool is not None:
             self.pool.close()
             self.pool = None

@@ -1,24 +1,32 @@
-"""Resident job runner: pid 1 of every pooled Docker sandbox container.
+"""Resident job runner: pid 1 of every warm sandbox, a local bubblewrap sandbox or a Docker container.
 
-Why: a `docker exec` costs ~100 ms of runc work on its own, so a per-run exec can never be much
-faster than a cold container. This runner stays in the container and starts each run itself:
-it proves the container clean (no process but itself, empty scratch dirs, no SysV IPC object),
-writes the code and files, and `posix_spawn`s `python3 -E -s main.py` in /work, the very command
-the local backend runs, so a program prints the same tracebacks on both. Being the program's
-parent, it sees its wait status, so a death by signal N reads -N (as in SandboxFusion), never
-the 128 + N that an exec's exit code would fold it into. It enforces the run's deadline itself
-(it kills every other process at `timeout`), so a time-out is the runner's own fact, never read
-from the program's exit status. After replying it wipes the scratch dirs and SysV IPC objects,
-off the next run's critical path.
+Why: setting a sandbox up (bwrap's namespaces, mounts and cgroup; a container) costs more than
+running `print(1)` in it, and a `docker exec` costs ~100 ms of runc work on its own. So a warm
+sandbox keeps this runner as its pid 1, and the runner starts each run itself: it writes the code
+and files, and `posix_spawn`s `python3 -E -s main.py` in /work, a fresh process and interpreter
+per run, the very command on both backends, so a program sees the same argv, paths and
+tracebacks. Being the program's parent, it sees its wait status, so a death by signal N reads -N
+(as in SandboxFusion), never the 128 + N that bwrap's monitor or an exec's exit code would fold it
+into. It enforces the run's deadline itself (it kills every other process at `timeout`), so a
+time-out is the runner's own fact, never read from the program's exit status.
 
-It runs INSIDE the container, as the same unprivileged uid as the code, from `python3 -c` source
-(stdlib only: the image is python3-minimal). The code cannot touch it: it is pid 1 with no signal
-handlers (it drops Python's SIGINT handler), so signals from inside the pid namespace are dropped,
-and it marks itself non-dumpable, so ptrace and /proc/1/{fd,mem} are refused. After each run it
-SIGKILLs every other process (kill(-1) from pid 1 spares only itself) and reaps them, so nothing
-outlives a run.
+Nothing a run does may reach the next one. After every run, off the next run's critical path, the
+runner kills every other process, empties the scratch dirs, removes SysV and POSIX IPC objects and
+keys, and puts back what a program of its uid could change in pid 1 itself (rlimits through
+prlimit, the CPU affinity) or on the scratch roots (mode, times, xattrs). Then it compares the
+sandbox with the snapshot it took at start, before any code ran: processes, scratch contents and
+roots, IPC objects, keyrings, TCP sockets (a TIME_WAIT socket keeps a port from being bound again
+for a minute) and its own rlimits, scheduling and I/O priority. If anything differs, it refuses
+the next job ("unclean"), and the host replaces the sandbox; the job goes to another one.
 
-Protocol on its stdin/stdout, the container's attached streams (frames are >I length + bytes):
+It runs INSIDE the sandbox, as the same unprivileged uid as the code, from `python3 -c` source
+(stdlib only: the Docker image is python3-minimal). The code cannot touch it: it is pid 1 with no
+signal handlers (it drops Python's SIGINT handler), so signals from inside the pid namespace are
+dropped, and it marks itself non-dumpable, so ptrace, /proc/1/{fd,mem} and /proc/1's writable
+files are refused. What the kernel lets a same-uid process change without ptrace (prlimit,
+setpriority, sched_setaffinity, ioprio_set) is covered by the snapshot above.
+
+Protocol on its stdin/stdout (frames are >I length + bytes):
   in:  JSON {"timeout": s, "cap": bytes per stream, "fetch": [names], "fetch_cap": bytes,
        "code": str, "files": {absolute path: base64}}, then the run's stdin
   out: {"ready": true, "oom_kills"} once at start; per job {"accepted": true} (the code is about
@@ -33,22 +41,30 @@ import base64
 import ctypes
 import json
 import os
+import resource
 import select
 import signal
 import struct
 import sys
 import time
 
-FETCH = sys.argv[1]  # the fetch collector's source (sandbox/sandbox_init.py, from the host)
+FETCH = sys.argv[1]  # the fetch collector's source (sandbox/fetch_collector.py, from the host)
 OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 FETCH_DEADLINE_S = 30
-PROGRAM = ["/usr/bin/python3", "-E", "-s", "main.py"]  # as the local backend runs it, in /work
+PROGRAM = ["/usr/bin/python3", "-E", "-s", "main.py"]  # in /work, on every backend
 SCRIPT = "/work/main.py"
 # What a run can leave behind: files in these dirs (POSIX message queues are files in /dev/mqueue)
-# and SysV IPC objects, which outlive every process of the container's IPC namespace.
+# and SysV IPC objects, which outlive every process of the sandbox's IPC namespace.
 SCRATCH = ("/work", "/tmp", "/dev/shm", "/dev/mqueue")
+TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 IPC_RMID = 0
 LIBC = ctypes.CDLL(None, use_errno=True)
+# Syscalls the C library does not wrap, by machine (elsewhere those checks are skipped).
+SYSCALLS = {"x86_64": {"keyctl": 250, "ioprio_get": 252, "sched_getattr": 315},
+            "aarch64": {"keyctl": 219, "ioprio_get": 31, "sched_getattr": 275}}.get(os.uname().machine, {})
+KEYCTL_DESCRIBE, KEYCTL_CLEAR, KEYCTL_LINK, KEYCTL_READ = 6, 7, 8, 11
+USER_KEYRING, USER_SESSION_KEYRING = -4, -5  # per uid and user namespace: they outlive every run
+RLIMITS = sorted(getattr(resource, name) for name in dir(resource) if name.startswith("RLIMIT_"))
 
 
 def read_exact(n):
@@ -56,7 +72,7 @@ def read_exact(n):
     while len(buf) < n:
         chunk = os.read(0, n - len(buf))
         if not chunk:
-            sys.exit(0)  # the host hung up: the container ends and is removed
+            sys.exit(0)  # the host hung up: the sandbox ends (a container is removed)
         buf += chunk
     return buf
 
@@ -83,6 +99,10 @@ def oom_kills():
     return -1
 
 
+def others():
+    return [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+
+
 def kill_all_others():
     """SIGKILL every process but pid 1 until none is left, reaping as they die; return survivors."""
     for _ in range(200):
@@ -91,7 +111,7 @@ def kill_all_others():
         except ProcessLookupError:
             pass
         reap_all(0)
-        left = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        left = others()
         if not left:
             return 0
         time.sleep(0.005)
@@ -153,7 +173,7 @@ def start_fetch(names, cap):
 
 def forward_fetch(fd, limit):
     """Pass the collector's answer on as frames, a piece at a time (the fetched files already sit in
-    this container's memory as tmpfs pages: no copy of them is held here), then an empty frame."""
+    this sandbox's memory as tmpfs pages: no copy of them is held here), then an empty frame."""
     sent, deadline = 0, time.monotonic() + FETCH_DEADLINE_S
     poller = select.poll()
     poller.register(fd, select.POLLIN)
@@ -168,16 +188,72 @@ def forward_fetch(fd, limit):
     kill_all_others()
 
 
-def dirt():
-    """Why the container is not clean for a run, or "" (nothing but pid 1, empty scratch, no SysV IPC)."""
-    others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
-    if others:
-        return f"{len(others)} processes besides pid 1"
+# ---- what a run could leave behind: a snapshot, a wipe, a comparison ---------------------------
+def syscall(name, *args):
+    """(result, errno) of a raw syscall; (None, 0) on a machine without a number for it."""
+    number = SYSCALLS.get(name)
+    if number is None:
+        return None, 0
+    result = LIBC.syscall(number, *args)
+    return result, ctypes.get_errno() if result < 0 else 0
+
+
+def keyring_state(keyring):
+    """A keyring's description (owner, permissions) and the ids linked in it, or the error that
+    keeps them from this process (seccomp's EPERM under Docker's default profile: no keys at all)."""
+    desc = ctypes.create_string_buffer(256)
+    size, err = syscall("keyctl", KEYCTL_DESCRIBE, keyring, desc, len(desc))
+    if size is None or size < 0:
+        return ("error", err)
+    links = ctypes.create_string_buffer(4096)
+    count, err = syscall("keyctl", KEYCTL_READ, keyring, links, len(links))
+    if count < 0:
+        return ("error", err)
+    return (desc.raw[:size], links.raw[:min(count, len(links))])
+
+
+def own_state():
+    """What a same-uid program can change in pid 1 without ptrace, and every later run inherits."""
+    sched = ctypes.create_string_buffer(56)  # struct sched_attr: policy, nice, priority, util clamps
+    got, _ = syscall("sched_getattr", 0, sched, len(sched), 0)
+    return {"rlimits": [resource.getrlimit(r) for r in RLIMITS], "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "affinity": sorted(os.sched_getaffinity(0)), "sched": sched.raw if got == 0 else got,
+            "ioprio": syscall("ioprio_get", 1, 0)[0]}  # IOPRIO_WHO_PROCESS, self
+
+
+def root_state(path):
+    """A scratch root's own metadata that a run could set and a wipe of its contents would not reset.
+
+    Its times count only when the sandbox user owns it (bwrap's tmpfs): a root owned by another
+    uid (Docker's mode-1777 tmpfs) takes no chosen time, mode or user xattr from a run; creating
+    and removing entries there only moves its mtime to "now"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:  # an engine without /dev/mqueue
+        return None
+    try:
+        xattrs = sorted(os.listxattr(path))
+    except OSError:
+        xattrs = []
+    return (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns if st.st_uid == os.getuid() else None, xattrs)
+
+
+def snapshot():
+    """The sandbox's state, taken at start before any code ran: what every run must find again."""
+    return {"own": own_state(), "roots": {p: root_state(p) for p in SCRATCH},
+            "keys": [keyring_state(k) for k in (USER_KEYRING, USER_SESSION_KEYRING)]}
+
+
+def dirt(clean):
+    """Why the sandbox differs from `clean`, its state at start, or "" if it does not."""
+    left = others()
+    if left:
+        return f"{len(left)} processes besides pid 1"
     for path in SCRATCH:
         try:
             if os.listdir(path):
                 return f"{path} is not empty"
-        except FileNotFoundError:  # an engine without /dev/mqueue
+        except FileNotFoundError:
             pass
     for kind in ("shm", "sem", "msg"):
         try:
@@ -186,6 +262,19 @@ def dirt():
                     return f"SysV {kind} objects left"
         except OSError:
             pass
+    for table in TCP_TABLES:
+        try:
+            with open(table) as fh:
+                if len(fh.read().splitlines()) > 1:
+                    return "TCP sockets left (a closed connection in TIME_WAIT holds its port)"
+        except OSError:
+            pass
+    now = snapshot()
+    for key, why in (("roots", "a scratch root's mode, times or xattrs changed"),
+                     ("keys", "keys left in the user keyrings"),
+                     ("own", "pid 1's rlimits, scheduling, CPU affinity or I/O priority changed")):
+        if now[key] != clean[key]:
+            return why
     return ""
 
 
@@ -207,6 +296,18 @@ def empty_dir(top):
         os.rmdir(path)
 
 
+def reset_root(path, clean):
+    """Give a scratch root back the mode, times and xattrs it had at start."""
+    mode, uid, _, mtime_ns, xattrs = clean
+    if uid != os.getuid():
+        return
+    os.chmod(path, mode & 0o7777)
+    for name in os.listxattr(path):
+        if name not in xattrs:
+            os.removexattr(path, name)
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
 def remove_sysv_objects():
     for kind, remove in (("shm", lambda i: LIBC.shmctl(i, IPC_RMID, None)),
                          ("sem", lambda i: LIBC.semctl(i, 0, IPC_RMID)),
@@ -216,25 +317,62 @@ def remove_sysv_objects():
                 remove(int(line.split()[1]))
 
 
-def wipe():
-    """Empty the scratch dirs (POSIX message queues included) and remove SysV IPC objects, all of
-    them the sandbox user's; what stays is caught by `dirt` before the next run."""
+def reset_keyrings():
+    """Empty both user keyrings; the user session keyring links the user keyring, as at start."""
+    for keyring in (USER_KEYRING, USER_SESSION_KEYRING):
+        syscall("keyctl", KEYCTL_CLEAR, keyring)
+    syscall("keyctl", KEYCTL_LINK, USER_KEYRING, USER_SESSION_KEYRING)
+
+
+def reset_own(clean):
+    """Raise soft rlimits lowered by prlimit back (a lowered hard limit or a raised nice value
+    cannot come back: `dirt` then retires the sandbox) and restore the CPU affinity."""
+    for res, (soft, hard) in zip(RLIMITS, clean["rlimits"]):
+        if resource.getrlimit(res) != (soft, hard):
+            try:
+                resource.setrlimit(res, (soft, hard))
+            except (OSError, ValueError):
+                pass
+    try:
+        os.sched_setaffinity(0, clean["affinity"])
+    except OSError:
+        pass
+
+
+def wipe(clean):
+    """Put the sandbox back as `clean` found it, as far as the sandbox user can; `dirt` says the rest."""
     for path in SCRATCH:
         try:
             empty_dir(path)
-        except OSError:
+            reset_root(path, clean["roots"][path])
+        except (OSError, TypeError):
             pass
     try:
         remove_sysv_objects()
     except OSError:
         pass
+    if clean["keys"][0][0] != "error":
+        reset_keyrings()
+    reset_own(clean["own"])
+
+
+# ---- one run --------------------------------------------------------------------------------------
+def make_parents(path):
+    """`os.makedirs` of a file's parents without recursion: a request's path may be 2,000 dirs deep."""
+    current = ""
+    for part in path.split("/")[1:-1]:
+        current += "/" + part
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            pass
 
 
 def write_files(code, files):
     """The run's code as /work/main.py and its files (paths validated by the host); an error or None."""
     try:
         for path, data in files.items():
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            make_parents(path)
             with open(path, "wb") as fh:
                 fh.write(base64.b64decode(data))
         with open(SCRIPT, "wb") as fh:
@@ -317,11 +455,12 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's handler would let the code's SIGINT in
     LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
     chld = sigchld_fd()
+    clean = snapshot()
+    unclean = dirt(clean)
     write_frame(json.dumps({"ready": True, "oom_kills": oom_kills()}).encode())
     while True:
         job, payload = json.loads(read_frame()), read_frame()
-        unclean = dirt()
-        if unclean:  # a run's leftovers survived its wipe: this container must not run code again
+        if unclean:  # a run's leftovers survived its wipe: this sandbox must not run code again
             write_frame(json.dumps({"accepted": False, "unclean": unclean}).encode())
             continue
         write_frame(b'{"accepted": true}')  # from here on the code runs: the host must not resend it
@@ -330,7 +469,8 @@ def main():
         if reply.get("fetch_stream"):
             forward_fetch(start_fetch(job["fetch"], int(job["fetch_cap"])), 2 * int(job["fetch_cap"]))
         del job, payload
-        wipe()  # after the reply: the next job finds the container clean
+        wipe(clean)  # after the reply: the next job finds the sandbox clean, or learns why not
+        unclean = dirt(clean)
 
 
 main()
