@@ -79,9 +79,6 @@ def test_turn_scores_silver_unseen_and_format():
 
 # ------------------------------------------------------------------ the authors' rules, one test each
 
-C = 2  # code turn kind
-
-
 @dataclass(frozen=True)
 class Turn:
     """One turn of a hand-built rollout: its kind, token count, retrieved docs and think similarity."""
@@ -289,12 +286,34 @@ def test_reset2zero_clears_positive_turns_every_rollout_aced():
     assert out[2, :2].tolist() == [0.0, 0.0]  # the negative one is softened by s = 1 anyway
 
 
+def test_reset2zero_counts_scored_rollouts_only_and_the_upper_limit_starts_at_zero():
+    """Two details of the authors' options: reset2zero looks at the scored (well-formatted)
+    rollouts only, and positive_upper_limit lifts toward the group's best advantage but never
+    toward less than 0 (their running maximum starts at 0)."""
+    t = batch(Rollout((Turn(S, docs=(5,)), answer()), adv=1.0, f1=1.0),
+              Rollout((Turn(S, docs=(5,)), answer()), adv=1.0, f1=0.9),
+              Rollout((Turn(S, docs=(6,)), answer()), adv=1.0, f1=0.9, format_ok=False),  # not scored
+              Rollout((Turn(S, docs=(5,)), answer()), adv=-3.0, f1=0.0))
+    out = calibrate(t, reset2zero=True, rebalance="none")
+    assert out[:3, :2].tolist() == [[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]  # every scored one aced turn 0
+    # a non-centred estimator can leave a whole group negative: the lift then goes toward 0
+    t = batch(Rollout((Turn(S, docs=(1,)), answer()), adv=-0.5, f1=1.0),
+              Rollout((Turn(S, docs=(1, 2)), answer()), adv=-1.0, f1=0.0))
+    out = calibrate(t, positive_upper_limit=True, rebalance="none")
+    assert out[:, :2].tolist() == [[0.0, 0.0], [-0.5, -0.5]]  # A + (0 - A) * s with s = 1 and 1/2
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"silver_f1": 1.5}, "silver_f1 must be in"),
     ({"target_ratio": 0.0}, "target_ratio must be a finite number > 0, got 0.0"),
     ({"adjust": "both"}, "adjust must be one of .*'both'"),
     ({"rebalance": "turn"}, "rebalance must be one of .*'turn'"),
     ({"aggressive_threshold": 0.0}, "aggressive_threshold must be in"),
+    ({"silver_from": "top"}, "silver_from must be one of .*'top'"),
+    ({"scored_rollouts": "some"}, "scored_rollouts must be one of .*'some'"),
+    ({"think_similarity": 1.5}, r"think_similarity must be in \[0, 1\] or None, got 1.5"),
+    ({"shared_docs": 0}, "shared_docs must be an integer >= 1 or None, got 0"),
+    ({"shared_docs": 1.5}, "shared_docs must be an integer >= 1 or None, got 1.5"),
 ])
 def test_bad_config_names_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -307,6 +326,31 @@ def test_bad_shapes_are_refused():
         calibadv_token_advantages(**{**t, "group_size": 2})
     with pytest.raises(ValueError, match=r"doc_ids must be \[B, T, D\]"):
         calibadv_token_advantages(**{**t, "doc_ids": t["doc_ids"][:, :2]})
+    with pytest.raises(ValueError, match=r"think_sim must be \[B, T\]=\(3, 4\), got shape \(3, 2\)"):
+        calibadv_token_advantages(**{**t, "think_sim": t["think_sim"][:, :2]})
+    with pytest.raises(ValueError, match="think_similarity=0.5 needs think_sim"):
+        calibadv_token_advantages(**{**t, "think_sim": None})
+    calibadv_token_advantages(**{**t, "think_sim": None}, config=CalibAdvConfig(think_similarity=None))  # rule off
+
+
+def test_cli_flags_default_to_the_authors_and_keep_the_earlier_rules(openrlhf_gpu_stubs, capsys):
+    from openrlhf_sgrpo.cli.train_ppo_ray import CliError, parse_config
+    from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import calibadv_config_from_args
+
+    base = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "3", "--algo.calibadv.enable"]
+    assert calibadv_config_from_args(parse_config(base)) == CalibAdvConfig()
+    earlier = ["--algo.calibadv.silver_from", "all_good", "--algo.calibadv.scored_rollouts", "all",
+               "--algo.calibadv.think_similarity", "none", "--algo.calibadv.shared_docs", "none",
+               "--algo.calibadv.softpenalty_first", "false"]
+    assert calibadv_config_from_args(parse_config(base + earlier)) == CalibAdvConfig(
+        silver_from="all_good", scored_rollouts="all", think_similarity=None, shared_docs=None,
+        softpenalty_first=False)
+    assert calibadv_config_from_args(parse_config(base + ["--algo.calibadv.softpenalty_first"])).softpenalty_first
+    with pytest.raises(CliError, match="--algo.calibadv.shared_docs must be an integer >= 1 or None, got 0"):
+        parse_config(base + ["--algo.calibadv.shared_docs", "0"])
+    with pytest.raises(SystemExit):
+        parse_config(base + ["--algo.calibadv.softpenalty_first", "maybe"])
+    assert "--algo.calibadv.softpenalty_first: expected true or false, got 'maybe'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ OpenRLHF wiring

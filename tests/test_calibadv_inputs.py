@@ -6,14 +6,13 @@ The similarity and the format check restate the rules of CalibAdv's authors
 ``qa_em_format.py``, read, not copied). Episodes run through OpenRLHF's real executor (our
 ``AgentExecutor``) with the real Qwen2 tokenizer, a scripted policy text and tools on a real
 loopback HTTP server (tests/agent_fakes.py); the experiences come from OpenRLHF's own
-``SamplesGenerator._process_response_into_experience``.
+``SamplesGenerator._process_response_into_experience`` (vllm/flash_attn imports stood in for by
+``openrlhf_sgrpo.testing``, as in the other OpenRLHF tests).
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -156,20 +155,6 @@ def responses(tok):
         return run(agent_config(srv, topk=2, reward="em"), tok, SCRIPTS)
 
 
-def _samples_generator(monkeypatch):
-    """OpenRLHF's samples_generator imports vllm at module level: stub only that import."""
-    vllm = types.ModuleType("vllm")
-    vllm.SamplingParams = SamplingParams
-    inputs, utils = types.ModuleType("vllm.inputs"), types.ModuleType("vllm.utils")
-    inputs.TokensPrompt, utils.random_uuid = dict, lambda: "uuid"
-    vllm.inputs, vllm.utils = inputs, utils
-    for name, mod in (("vllm", vllm), ("vllm.inputs", inputs), ("vllm.utils", utils)):
-        monkeypatch.setitem(sys.modules, name, mod)
-    from openrlhf.trainer.ppo_utils import samples_generator
-
-    return samples_generator
-
-
 def _turn_columns(response: dict, k: int) -> slice:
     start, end = response["action_ranges"][k]
     return slice(start - 1, end - 1)  # action-mask column j is token j + 1
@@ -185,14 +170,14 @@ def _check_calibrated(responses: list[dict], base: list[torch.Tensor], calibrate
     torch.testing.assert_close(turn(2, 0), torch.full_like(turn(2, 0), a[2]))  # format fails: kept
 
 
-def test_inputs_arrive_through_extra_logs_in_openrlhfs_experience_maker(responses, tok, monkeypatch,
-                                                                      openrlhf_gpu_stubs):
+def test_inputs_arrive_through_extra_logs_in_openrlhfs_experience_maker(responses, openrlhf_gpu_stubs):
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     from openrlhf_sgrpo.cli.train_ppo_ray import parse_config
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 
-    gen = object.__new__(_samples_generator(monkeypatch).SamplesGenerator)
+    gen = object.__new__(SamplesGenerator)
 
     def experiences():
         exps = [gen._process_response_into_experience(r, max_len=MAX_LEN) for r in responses]

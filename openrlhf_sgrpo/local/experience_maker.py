@@ -103,8 +103,9 @@ def token_advantages(advantages: torch.Tensor, action_mask: torch.Tensor, kl: to
 
 def apply_calibadv(token_adv: torch.Tensor, action_mask: torch.Tensor, samples: list[Sample],
                    rollout_adv: torch.Tensor, group_size: int, cfg: CalibAdvConfig) -> tuple[torch.Tensor, dict]:
-    """CalibAdv on the token advantages of whole prompt groups, reading the agent's turn slots
-    like the OpenRLHF hook. ``samples`` must hold complete groups (``group_size`` each)."""
+    """CalibAdv on the token advantages of whole prompt groups, reading the agent's info like the
+    OpenRLHF hook (``calibadv_hook.turn_tensors``: turn slots, think similarities, F1, the format
+    verdict). ``samples`` must hold complete groups (``group_size`` each)."""
     from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import turn_tensors
 
     keys = samples[0].info.keys()
