@@ -20,7 +20,9 @@ from sandbox.process import SandboxProcess
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (a test dependency)")
 
 FIELDS = ("code", "language", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB", "files", "fetch_files")
-scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+# integers past a float's range (10**309 and beyond, either sign): a float check on them overflows
+huge = st.integers(10**309, 10**400) | st.integers(-10**400, -10**309)
+scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | huge | st.floats(allow_nan=False)
            | st.text(max_size=20) | st.sampled_from(["\ud800", "a\udfffb", "é", "../../etc/passwd", "aGk="]))
 json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
@@ -32,9 +34,9 @@ field_values = {
     "code": st.sampled_from(["print(1)", "", "import sys; sys.exit(3)", "\ud800"]) | json_values,
     "language": st.sampled_from(["python", "cpp", "python3"]) | json_values,
     "stdin": st.text(max_size=20) | json_values,
-    "run_timeout": st.floats(-1, 2) | json_values,
-    "compile_timeout": st.floats(-1, 2) | json_values,
-    "memory_limit_MB": st.integers(-2, 10_000) | json_values,
+    "run_timeout": st.floats(-1, 2) | huge | json_values,
+    "compile_timeout": st.floats(-1, 2) | huge | json_values,
+    "memory_limit_MB": st.integers(-2, 10_000) | huge | json_values,
     "files": file_maps | json_values,
     "fetch_files": st.lists(paths, max_size=3) | json_values,
 }
@@ -72,6 +74,25 @@ def test_the_service_answers_every_body_with_200_or_a_json_4xx(service, body):
         assert set(resp.json()) == {"error"}
     else:
         sandbox_fusion.RunCodeResponse(**resp.json())  # SandboxFusion's own model accepts it
+
+
+NUMERIC = ("run_timeout", "compile_timeout", "memory_limit_MB")
+
+
+@pytest.mark.parametrize("field", NUMERIC)
+@pytest.mark.parametrize("value", [10**309, -10**309, 10**1000, -(10**1000), 1e308, -1e308, 1.7976931348623157e308],
+                         ids=["int 1e309", "int -1e309", "int 1e1000", "int -1e1000", "1e308", "-1e308", "max float"])
+def test_every_numeric_field_takes_any_json_number_without_a_5xx(service, field, value):
+    """A JSON integer too big for a float (json.loads keeps it an int) made the memory check raise
+    OverflowError: a 500. Every numeric field now gets the documented clamp (or, for a non-integral
+    memory_limit_MB, a 400), and a memory or time too large is cut to the operator's ceiling."""
+    resp = requests.post(f"{service.url}/run_code", data=json.dumps({"code": "print(1)", field: value}), timeout=60)
+    assert resp.status_code == 200, resp.text[:500]
+    body = sandbox_fusion.RunCodeResponse(**resp.json())
+    if field == "run_timeout" and value < 0:  # <= 0 times out at once, as SandboxFusion's wait_for does
+        assert body.run_result.status == "TimeLimitExceeded"
+    else:
+        assert body.run_result.stdout == "1\n", resp.text[:500]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

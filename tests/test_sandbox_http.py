@@ -1,6 +1,7 @@
 """The sandbox's HTTP server layer (sandbox/http_server.py) under hostile and heavy traffic, against
 the real service: waitress's own parser errors as JSON 4xx, slow and idle clients, head-of-line
-blocking, the connection and body limits, and the drain on SIGTERM under load.
+blocking, the connection and body limits, and the drain on SIGTERM under load (runs that finish
+within the drain deadline are answered as usual; runs still going at it are ended and answered).
 
 Time bounds here are liveness bounds far above what the machine needs (a request answered while
 a stall that would last far longer is still going on), never performance assertions.
@@ -197,7 +198,65 @@ def test_sigterm_drains_under_load(tmp_path):
         requests.get(f"{url}/health", timeout=10)
     assert sb.proc.wait(timeout=60) == 0
     sb.stop()
-    assert glob.glob(f"/sys/fs/cgroup/**/sgrpo-sandbox-{sb.proc.pid}", recursive=True) == []
+    assert glob.glob(f"/sys/fs/cgroup/**/sgrpo-sandbox-{sb.proc.pid}*", recursive=True) == []
+
+
+def test_sigterm_ends_runs_still_going_at_the_drain_deadline_with_a_clear_answer():
+    """SIGTERM while 2 runs that would take 60 s are in progress and 6 wait, with a 1 s drain
+    deadline (the default, 6 s, fits the 10 s Docker grants before SIGKILL): the waiting ones get
+    503 with Retry-After; the running ones are ended at the deadline and answered 200 with a
+    SandboxError saying the service is shutting down (SandboxFusion's model reads it); nothing is
+    left unanswered, the service exits 0 long before the runs' own time limit, and no cgroup is left.
+    Before the deadline existed, the service waited for every run's own time limit (here 60 s)."""
+    from sandbox_fusion import RunCodeResponse
+
+    sb = SandboxProcess(backend="local", max_concurrency=2, max_queue=16,
+                        extra_args=["--drain-timeout-s", "1"]).__enter__()
+    url = sb.url
+    results: list[tuple[int, dict, dict]] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        try:
+            r = requests.post(f"{url}/run_code", json={"code": f"import time\ntime.sleep(60)\nprint({i})",
+                                                       "run_timeout": 60}, timeout=120)
+            entry = (r.status_code, r.json(), dict(r.headers))
+        except requests.RequestException as err:
+            entry = (0, {"exception": repr(err)}, {})
+        with lock:
+            results.append(entry)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not {"sandbox_queued 6", "sandbox_running 2"} <= set(requests.get(f"{url}/metrics", timeout=10).text.splitlines()):
+        assert time.monotonic() < deadline, "the load never built up"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the two runs are in their sandboxes
+    sb.proc.send_signal(signal.SIGTERM)
+    assert sb.proc.wait(timeout=45) == 0  # a liveness bound: the runs alone would take 60 s
+    for t in threads:
+        t.join(60)
+    assert len(results) == 8
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [200, 200] + [503] * 6, results
+    for code, body, headers in results:
+        if code == 200:
+            answer = RunCodeResponse(**body)
+            assert (answer.status, answer.run_result.status) == ("SandboxError", "Error"), body
+            assert "shutting down" in answer.message and "--drain-timeout-s" in answer.message, body
+        else:
+            assert headers["Retry-After"] == "1" and "shutting down" in body["error"]
+    sb.stop()
+    assert glob.glob(f"/sys/fs/cgroup/**/sgrpo-sandbox-{sb.proc.pid}*", recursive=True) == []
+
+
+def test_drain_deadline_is_a_checked_flag():
+    with pytest.raises(Exception) as err:
+        with SandboxProcess(extra_args=["--drain-timeout-s", "-1"], start_timeout=60):
+            pass
+    assert getattr(err.value, "exit_code", None) == 2
 
 
 def test_sigterm_with_idle_keepalive_connections_exits_promptly():

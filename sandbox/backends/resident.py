@@ -174,7 +174,8 @@ class ResidentPool(Backend):
     def _replace(self, box: Box) -> None:
         """Heal the pool: drop a suspect sandbox and start a fresh one in its place."""
         self._remove(box)
-        if self.closed:
+        if self.closed or self._stopping:
+            self._free.put(box.place)
             return
         self.replaced += 1
         try:
@@ -301,6 +302,9 @@ class ResidentPool(Backend):
 
     def _settle(self, box: Box, request: RunRequest, run: RunnerReply) -> ExecResult:
         """After a run: leftovers killed, a memory kill decided, the sandbox recycled or replaced."""
+        if box.stopping:  # the service killed the run (its runner may have seen the program die first)
+            self._release(box, False, box.stopping)
+            return self._stopped(box.stopping, run.elapsed)
         healthy, oom = self._sweep(box, run)
         self._release(box, healthy, "cleanup could not prove the sandbox clean")
         if run.setup_error:
