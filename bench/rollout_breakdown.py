@@ -46,7 +46,7 @@ def main() -> int:
     from openrlhf_sgrpo.demo.corpus import write_corpus
     from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
     from openrlhf_sgrpo.eval.table import format_table
-    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
     from openrlhf_sgrpo.local.rollout import AgentRollout
     from openrlhf_sgrpo.local.services import cached_index_for, local_services

@@ -24,7 +24,7 @@ SEED_SHIFT_ENV = "SGRPO_TEST_SEED_SHIFT"
 
 def install_gpu_import_stubs() -> None:
     """Put import-only stand-ins for vllm/flash_attn in sys.modules (idempotent)."""
-    install()
+    install(only_missing=True)
 
 
 def seed_shift() -> int:

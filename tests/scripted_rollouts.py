@@ -126,7 +126,7 @@ def execute(cfg: AgentConfig, tokenizer, prompts: list[ScriptedPrompt]) -> list[
     """Executor responses for every (prompt, sample), prompt-contiguous; each trajectory has its
     own scripted engine."""
     from openrlhf_sgrpo.local.rollout import label_of
-    from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
+    from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 
     async def main():
         executor = AgentExecutor(cfg)

@@ -15,7 +15,7 @@ from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 
 CORPUS = [
     {"id": "0", "contents": '"Paris"\nParis is the capital and largest city of France.'},

@@ -19,8 +19,8 @@ from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
-from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.engine.hf import HFGenerationEngine
+from openrlhf_sgrpo.engine.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

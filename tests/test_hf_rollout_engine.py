@@ -81,14 +81,15 @@ def test_driver_swaps_the_engine_factory_in_and_back():
 
     from openrlhf_sgrpo.openrlhf_ext import actors
     from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines_like_vllm
+    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import create_vllm_engines_tracked
 
     module = importlib.import_module(actors.ENGINE_FACTORY[0])
     saved = {key: getattr(importlib.import_module(key[0]), key[1]) for key in actors.DRIVER_REPLACEMENTS}
     try:
         actors.install_actor_classes(hf_engines=True)
         assert module.create_vllm_engines is create_hf_engines_like_vllm
-        actors.install_actor_classes()
-        assert module.create_vllm_engines is create_vllm_engines
+        actors.install_actor_classes()  # a later vLLM run in this process: upstream's factory, tracked
+        assert module.create_vllm_engines is create_vllm_engines_tracked
     finally:
         module.create_vllm_engines = create_vllm_engines
         for (name, attr), cls in saved.items():

@@ -27,7 +27,7 @@ from agent_env.executor import AgentExecutor
 from agent_env.templates import search_r1_base
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput, SamplingParams
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 FILLER = " and then"

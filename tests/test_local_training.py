@@ -21,7 +21,7 @@ from agent_env.config import AgentConfig
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.demo.corpus import write_corpus
 from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
-from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 from openrlhf_sgrpo.local.rollout import AgentRollout
 from openrlhf_sgrpo.local.scripted import spread_script
 from openrlhf_sgrpo.local.services import cached_index_for, local_services

@@ -33,7 +33,9 @@ UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
 # Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV). Never the Serper key:
 # the workers search the web through retriever_server's /search proxy, which alone holds it.
-_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "HF_HOME")
+# vLLM's CPU build reads its KV-cache size and thread binding from the environment of its workers.
+_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "HF_HOME", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                  "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
 
 class CliError(Exception):
@@ -132,7 +134,13 @@ def launch(args: SimpleNamespace) -> None:
     start_ray(hf_engines)
     from openrlhf.cli.train_ppo_ray import train
 
-    train(args)
+    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
+
+    try:
+        train(args)
+    finally:  # upstream leaves its engines to ray.shutdown, which strands their shared memory
+        if not hf_engines:
+            shutdown_engines()
 
 
 def parse_config(argv: list[str]) -> SimpleNamespace:

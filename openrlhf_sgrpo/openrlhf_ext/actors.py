@@ -15,7 +15,8 @@ assignment, exactly like OpenRLHF's own classes.
 - ``PPOTrainerAsync``: runs in its own actor process and builds ``TrainingActor.remote(...)``
   from its module's globals, so it points that name at ours, in that process, first.
 - ``PolicyModelActor``: wraps ``ActorPPOTrainer`` with SAPO in its own process (inert unless
-  ``--algo.sapo.enable``).
+  ``--algo.sapo.enable``) and with the CPU weight sync to vLLM (inert where CUDA exists,
+  :mod:`openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import ray
 from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 from openrlhf.trainer.ray import ppo_actor
 
+from openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync import install_cpu_weight_sync
 from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch
 
@@ -70,10 +72,12 @@ class SGRPOPPOTrainerAsyncImpl(_plain(ppo_trainer_async.PPOTrainerAsync)):
 
 
 class SGRPOPolicyModelActorImpl(_plain(ppo_actor.PolicyModelActor)):
-    """OpenRLHF's policy actor; its process builds ``ActorPPOTrainer`` with the SAPO wrapper."""
+    """OpenRLHF's policy actor; its process builds ``ActorPPOTrainer`` with the SAPO wrapper and
+    the CPU weight sync to vLLM (inert where CUDA exists)."""
 
     def __init__(self, *args, **kwargs) -> None:
         install_sapo_patch()
+        install_cpu_weight_sync()
         super().__init__(*args, **kwargs)
 
 
@@ -88,23 +92,21 @@ DRIVER_REPLACEMENTS = {
 }
 
 
-# The engine factory train() calls; replaced only with --sgrpo.rollout_engine hf.
+# The engine factory train() calls: upstream's own, its engines remembered so that our CLI can
+# end them cleanly (openrlhf_ext/vllm_engines.py); the HF engine with --sgrpo.rollout_engine hf.
 ENGINE_FACTORY = ("openrlhf.cli.train_ppo_ray", "create_vllm_engines")
 
 
 def install_actor_classes(hf_engines: bool = False) -> None:
-    """In the driver, before ``train(args)``: make ``train()`` create our actors (idempotent);
-    with ``hf_engines``, HF rollout engines where it creates vLLM's (``--sgrpo.rollout_engine hf``)."""
+    """In the driver, before ``train(args)``: make ``train()`` create our actors (idempotent), and
+    its engines through :func:`~openrlhf_sgrpo.openrlhf_ext.vllm_engines.create_vllm_engines_tracked`
+    (with ``hf_engines``, HF rollout engines instead: ``--sgrpo.rollout_engine hf``)."""
     import importlib
 
     from openrlhf_sgrpo.openrlhf_ext.hf_rollout_actor import create_hf_engines_like_vllm
+    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import create_vllm_engines_tracked
 
     for (module, name), cls in DRIVER_REPLACEMENTS.items():
         setattr(importlib.import_module(module), name, cls)
-    upstream = importlib.import_module(ENGINE_FACTORY[0])
-    if hf_engines:
-        setattr(upstream, ENGINE_FACTORY[1], create_hf_engines_like_vllm)
-    elif getattr(upstream, ENGINE_FACTORY[1]) is create_hf_engines_like_vllm:  # a later vLLM run in this process
-        from openrlhf.trainer.ray import create_vllm_engines
-
-        setattr(upstream, ENGINE_FACTORY[1], create_vllm_engines)
+    factory = create_hf_engines_like_vllm if hf_engines else create_vllm_engines_tracked
+    setattr(importlib.import_module(ENGINE_FACTORY[0]), ENGINE_FACTORY[1], factory)

@@ -3,7 +3,7 @@
 OpenRLHF 0.11.2's ``SamplesGenerator`` talks to its engines (``RolloutRayActor``) through
 ``generate_responses(...)``, ``get_num_unfinished_requests()`` and, with ``--vllm.enable_sleep``,
 ``sleep``/``wake_up``; the agent executor inside the engine calls ``generate(...)``. This actor
-offers the same methods on top of :class:`~openrlhf_sgrpo.local.hf_engine.HFGenerationEngine`
+offers the same methods on top of :class:`~openrlhf_sgrpo.engine.hf.HFGenerationEngine`
 and loads the agent with OpenRLHF's own ``_load_agent_executor``, from the same
 ``--train.agent_func_path``. It lets the real cluster data path (Ray, ``SamplesGenerator``, our
 agent and experience maker) run where vLLM cannot: CPU machines, tests, debugging.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openrlhf_sgrpo.local.sampling import SamplingParams
+from openrlhf_sgrpo.engine.sampling import SamplingParams
 
 # vLLM SamplingParams fields the HF engine understands, read by name (vLLM's or a stand-in's).
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_tokens", "min_tokens", "stop", "stop_token_ids",
@@ -42,7 +42,7 @@ class HFRolloutActor:
         from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
+        from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 
         self.executor = _load_agent_executor(agent_func_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
