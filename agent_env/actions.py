@@ -9,6 +9,7 @@ looks like an attempt (unclosed tag at the token limit, empty content, an unknow
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass
 
 SEARCH, CODE, ANSWER, INVALID, NONE = "search", "code", "answer", "invalid", "none"
@@ -67,7 +68,9 @@ def parse_action(text: str, allowed: tuple[str, ...] = ACTION_TAGS) -> Action:
         kind, raw = last.group(1), last.group(2)
         if kind not in allowed:
             return Action(INVALID, raw.strip(), f"tag <{kind}> is not available")
-        content = strip_code_fence(raw).strip("\n") if kind == CODE else raw.strip()
+        # code keeps its relative indentation, minus the margin a model puts after the tag
+        # (`<code> print(42) </code>` would be an IndentationError as written)
+        content = textwrap.dedent(strip_code_fence(raw).strip("\n")).rstrip() if kind == CODE else raw.strip()
         if not content.strip():
             return Action(INVALID, "", f"empty <{kind}>")
         return Action(kind, content)

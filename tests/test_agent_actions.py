@@ -20,6 +20,8 @@ CASES = [
     ("<code>```py\nx = 1\nprint(x)\n```</code>", ALL, "code", "x = 1\nprint(x)"),
     ("<code>\nfor i in range(2):\n    print(i)\n</code>", ALL, "code", "for i in range(2):\n    print(i)"),
     ("<code>```\nprint(3)\n```</code>", ALL, "code", "print(3)"),
+    ("<code> print(42) </code>", ALL, "code", "print(42)"),  # the margin after the tag is not an indent
+    ("<code>\n    x = 1\n    if x:\n        print(x)\n</code>", ALL, "code", "x = 1\nif x:\n    print(x)"),
     # tags inside <think> do not count
     ("<think>maybe <search>x</search></think><answer>y</answer>", ALL, "answer", "y"),
     ("<think>I could <answer>guess</answer></think><search>real query</search>", ALL, "search", "real query"),
