@@ -1,16 +1,17 @@
-"""Reap the sandbox init of our own runs when it is orphaned, whatever the host's pid 1 does.
+"""Reap the runner of a dropped local sandbox when it is orphaned, whatever the host's pid 1 does.
 
-Why: a run's init (pid 1 of its pid namespace, bwrap's child) is normally reaped by bwrap's
-monitor. When the service kills the run at its deadline it kills the monitor too, and the init,
-killed in the same instant, is orphaned: reparented to the nearest child subreaper or to the
-host's pid 1. A pid 1 that does not reap (the service as a container's entrypoint, a VM init such
-as Firecracker's process_api) keeps it a zombie for good, and the pids controller charges zombies:
-after ~64 time-outs on one slot, `pids.max` rejects the next run's fork. So the service makes
-itself a child subreaper; orphans of its runs come back to it and are reaped here.
+Why: a sandbox's pid 1 (our resident runner, bwrap's child) is normally reaped by bwrap's monitor.
+When the service drops a sandbox (its own deadline passed, the sandbox proved unclean, shutdown)
+it kills the monitor and the runner in the same instant, and the runner is orphaned: reparented to
+the nearest child subreaper or to the host's pid 1. A pid 1 that does not reap (the service as a
+container's entrypoint, a VM init such as Firecracker's process_api) keeps it a zombie for good,
+and the pids controller charges zombies: after ~64 replacements in one slot, `pids.max` rejects
+the next sandbox's fork. So the service makes itself a child subreaper; orphans of its sandboxes
+come back to it and are reaped here.
 
-Only the one pid a run names (bwrap's status fd reports its child's host pid) is reaped, and only
-while it is a child this process did not spawn through :meth:`spawn`, so the exit status of any
-other child (a ``subprocess.Popen`` elsewhere in the process) is never stolen.
+Only the one pid a sandbox names (bwrap's status fd reports its child's host pid) is reaped, and
+only while it is a child this process did not spawn through :meth:`spawn`, so the exit status of
+any other child (a ``subprocess.Popen`` elsewhere in the process) is never stolen.
 """
 
 from __future__ import annotations

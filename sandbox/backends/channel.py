@@ -42,6 +42,7 @@ class ResidentChannel(abc.ABC):
         self.name = name
         self._stdout = b""
         self.stderr_tail = ""  # the end of what the runner (or what started it) wrote on stderr
+        self.owed = False  # after a run, the runner owes a frame saying whether its sandbox is clean
 
     @abc.abstractmethod
     def _send(self, data: bytes, deadline: float) -> None:
@@ -78,9 +79,22 @@ class ResidentChannel(abc.ABC):
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def settle(self, deadline: float) -> str:
+        """Wait until the runner has wiped its sandbox after the last run: "" if it is clean again,
+        else why not (then the sandbox must be replaced)."""
+        if not self.owed:
+            return ""
+        doc = self.receive(deadline)
+        self.owed = False
+        return "" if doc.get("clean") is True else str(doc.get("unclean") or f"unexpected frame {doc}")
+
     def call(self, job: dict, payload: bytes, deadline: float, stream_cap: int = 0) -> dict:
-        """Send one job; the runner acknowledges it before it starts, then sends the reply, and the
-        fetched files' answer as a stream (bytes under "fetched") when the reply says so."""
+        """Send one job (once the sandbox is clean again after the last one); the runner
+        acknowledges it before it starts, then sends the reply, and the fetched files' answer as
+        a stream (bytes under "fetched") when the reply says so."""
+        unclean = self.settle(deadline)
+        if unclean:
+            raise ChannelError(f"runner in {self.name}: its sandbox is not clean ({unclean})")
         header = json.dumps(job).encode()
         self._send(FRAME.pack(len(header)) + header + FRAME.pack(len(payload)) + payload, deadline)
         ack = self.receive(deadline)
@@ -90,6 +104,7 @@ class ResidentChannel(abc.ABC):
             reply = self.receive(deadline)
             if reply.get("fetch_stream"):
                 reply["fetched"] = self._stream(deadline, stream_cap)
+            self.owed = True
             return reply
         except ChannelError as err:
             raise ChannelError(str(err), started=True, timed_out=err.timed_out) from err

@@ -17,7 +17,6 @@ at the old cost (the benchmark's baseline for what the warm pool buys).
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -44,7 +43,6 @@ SCRATCH_BYTES = 64 << 20  # each of /work, /tmp and /dev/shm
 PIDS_MAX = 64
 START_TIMEOUT_S = 30.0  # for bwrap's setup and the runner's first frame
 SETTLE_S = 0.5  # how long a killed sandbox's orphaned runner may take to exit and be reaped
-LIMIT_RETRY_S = 1.0  # lowering the memory limit waits this long for the last run's files to be wiped
 NOFILE = 256
 FSIZE_BYTES = 64 << 20
 PYTHON = "/usr/bin/python3"
@@ -80,17 +78,12 @@ def _bwrap_status(status_r: int, deadline: float) -> int | None:
 
 
 def _write_limits(slot: Slot, memory_mb: int) -> None:
-    """Set a slot's limits; a limit below what the last run's not yet wiped tmpfs files hold is
-    refused (EBUSY) until the runner has wiped them."""
-    deadline = time.monotonic() + LIMIT_RETRY_S
-    while True:
-        try:
-            slot.set_limits(memory_mb << 20, PIDS_MAX)
-            return
-        except OSError as err:
-            if err.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise BoxError(f"cannot set the memory limit to {memory_mb} MB: {err}") from err
-            time.sleep(0.005)
+    """Set a slot's limits (only between runs, once the runner wiped the last run's files: a limit
+    below what they hold is refused on v1 and OOM-kills the runner on v2)."""
+    try:
+        slot.set_limits(memory_mb << 20, PIDS_MAX)
+    except OSError as err:
+        raise BoxError(f"cannot set the memory limit to {memory_mb} MB: {err}") from err
 
 
 class LocalBackend(ResidentPool):

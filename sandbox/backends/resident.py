@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("resident", "cold")
 GRACE_S = 5.0  # the runner ends a run at run_timeout; the host waits 3 x this longer before it does
+WIPE_TIMEOUT_S = 30.0  # for the runner to wipe its sandbox after a run (a tree of 100,000s of files)
 RUNNER = Path(__file__).with_name("resident_runner.py").read_text()  # shipped as `python3 -c` source
 
 
@@ -206,13 +207,16 @@ class ResidentPool(Backend):
             except BoxError:
                 self._free.put(entry)
                 raise
-        if entry.memory_mb != memory_mb:
-            try:
+        try:
+            unclean = entry.channel.settle(time.monotonic() + WIPE_TIMEOUT_S)  # the last run is wiped
+            if unclean:
+                raise BoxError(f"sandbox {entry.name} is not clean after its last run ({unclean})")
+            if entry.memory_mb != memory_mb:
                 self._set_memory(entry, memory_mb)
-            except BoxError as err:
-                self._release(entry, False, f"sandbox unusable ({err})")
-                raise
-            entry.memory_mb = memory_mb
+                entry.memory_mb = memory_mb
+        except (BoxError, ChannelError) as err:
+            self._release(entry, False, err)
+            raise BoxError(str(err)) from err
         return entry
 
     # ---- a run ----------------------------------------------------------------------------------

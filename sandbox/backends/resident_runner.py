@@ -34,7 +34,9 @@ Protocol on its stdin/stdout (frames are >I length + bytes):
        JSON {"rc" (-N for a death by signal N), "elapsed", "timed_out", "out", "err" (base64 of
        the kept bytes), "out_dropped", "err_dropped", "procs_left", "oom_kills", "fetch_stream"}
        or {"setup_error": why} if the files could not be written; with "fetch_stream" true, the
-       fetch collector's JSON answer follows in frames, ended by an empty frame
+       fetch collector's JSON answer follows in frames, ended by an empty frame; last, once the
+       sandbox is wiped, {"clean": bool, "unclean": why or ""}: the host sends no job (nor
+       changes the memory limit, which the last run's files may still exceed) before it
 """
 
 import base64
@@ -484,8 +486,9 @@ def main():
         if reply.get("fetch_stream"):
             forward_fetch(start_fetch(job["fetch"], int(job["fetch_cap"])), 2 * int(job["fetch_cap"]))
         del job, payload
-        wipe(clean)  # after the reply: the next job finds the sandbox clean, or learns why not
+        wipe(clean)  # after the reply, off the run's critical path
         unclean = dirt(clean)
+        write_frame(json.dumps({"clean": not unclean, "unclean": unclean}).encode())
 
 
 main()
