@@ -158,45 +158,60 @@ def test_a_slow_upload_does_not_hold_up_other_requests(service):
             s.close()
 
 
-def test_sigterm_drains_under_load(tmp_path):
-    """8 clients on a service running 2 at a time: SIGTERM while 2 run and 6 wait. The running ones
-    finish and are answered 200; the waiting ones get 503 with Retry-After; no connection dies
-    unanswered, new connections are refused, and the service exits 0 leaving no cgroup behind."""
-    sb = SandboxProcess(backend="local", max_concurrency=2, max_queue=16).__enter__()
-    url = sb.url
+def sigterm_under_load(sb: SandboxProcess, body: dict, exit_within_s: float = 60) -> list[tuple[int, dict, dict]]:
+    """8 clients posting `body` to a service that runs 2 at a time: SIGTERM once 2 run and 6 wait;
+    the service must exit 0 within `exit_within_s` (a liveness bound); then (HTTP code, JSON
+    answer, headers) per client, 0 for a client left without an answer."""
     results: list[tuple[int, dict, dict]] = []
     lock = threading.Lock()
 
-    def client(i: int) -> None:
+    def client() -> None:
         try:
-            r = requests.post(f"{url}/run_code", json={"code": f"import time\ntime.sleep(3)\nprint({i})"}, timeout=60)
+            r = requests.post(f"{sb.url}/run_code", json=body, timeout=120)
             entry = (r.status_code, r.json(), dict(r.headers))
         except requests.RequestException as err:
             entry = (0, {"exception": repr(err)}, {})
         with lock:
             results.append(entry)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=client) for _ in range(8)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while "sandbox_queued 6" not in requests.get(f"{url}/metrics", timeout=10).text:
+    while not {"sandbox_queued 6", "sandbox_running 2"} <= set(requests.get(f"{sb.url}/metrics", timeout=10).text.splitlines()):
         assert time.monotonic() < deadline, "the load never built up"
         time.sleep(0.05)
+    time.sleep(0.5)  # the two runs are in their sandboxes
     sb.proc.send_signal(signal.SIGTERM)
+    refused_by = time.monotonic() + 10
+    while True:  # the listener closes at once: new connections are refused while the runs drain
+        try:
+            requests.get(f"{sb.url}/health", timeout=10)
+        except requests.ConnectionError:
+            break
+        assert time.monotonic() < refused_by, "still accepting connections after SIGTERM"
+        time.sleep(0.05)
+    assert sb.proc.wait(timeout=exit_within_s) == 0
     for t in threads:
         t.join(60)
+    return results
+
+
+def test_sigterm_drains_under_load(tmp_path):
+    """8 clients on a service running 2 at a time: SIGTERM while 2 run and 6 wait. The running ones
+    finish (well within the drain deadline) and are answered 200; the waiting ones get 503 with
+    Retry-After; no connection dies unanswered, new connections are refused, and the service exits
+    0 leaving no cgroup behind."""
+    sb = SandboxProcess(backend="local", max_concurrency=2, max_queue=16).__enter__()
+    results = sigterm_under_load(sb, {"code": "import time\ntime.sleep(3)\nprint(7)"})
     assert len(results) == 8
     codes = sorted(code for code, _, _ in results)
     assert codes == [200, 200] + [503] * 6, results
     for code, body, headers in results:
         if code == 200:
-            assert body["status"] == "Success" and body["run_result"]["stdout"].strip().isdigit()
+            assert body["status"] == "Success" and body["run_result"]["stdout"] == "7\n"
         else:
             assert headers["Retry-After"] == "1" and "shutting down" in body["error"]
-    with pytest.raises(requests.ConnectionError):
-        requests.get(f"{url}/health", timeout=10)
-    assert sb.proc.wait(timeout=60) == 0
     sb.stop()
     assert glob.glob(f"/sys/fs/cgroup/**/sgrpo-sandbox-{sb.proc.pid}*", recursive=True) == []
 
@@ -212,32 +227,8 @@ def test_sigterm_ends_runs_still_going_at_the_drain_deadline_with_a_clear_answer
 
     sb = SandboxProcess(backend="local", max_concurrency=2, max_queue=16,
                         extra_args=["--drain-timeout-s", "1"]).__enter__()
-    url = sb.url
-    results: list[tuple[int, dict, dict]] = []
-    lock = threading.Lock()
-
-    def client(i: int) -> None:
-        try:
-            r = requests.post(f"{url}/run_code", json={"code": f"import time\ntime.sleep(60)\nprint({i})",
-                                                       "run_timeout": 60}, timeout=120)
-            entry = (r.status_code, r.json(), dict(r.headers))
-        except requests.RequestException as err:
-            entry = (0, {"exception": repr(err)}, {})
-        with lock:
-            results.append(entry)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while not {"sandbox_queued 6", "sandbox_running 2"} <= set(requests.get(f"{url}/metrics", timeout=10).text.splitlines()):
-        assert time.monotonic() < deadline, "the load never built up"
-        time.sleep(0.05)
-    time.sleep(0.5)  # the two runs are in their sandboxes
-    sb.proc.send_signal(signal.SIGTERM)
-    assert sb.proc.wait(timeout=45) == 0  # a liveness bound: the runs alone would take 60 s
-    for t in threads:
-        t.join(60)
+    # a liveness bound: the runs alone would take 60 s
+    results = sigterm_under_load(sb, {"code": "import time\ntime.sleep(60)", "run_timeout": 60}, exit_within_s=45)
     assert len(results) == 8
     codes = sorted(code for code, _, _ in results)
     assert codes == [200, 200] + [503] * 6, results

@@ -5,7 +5,7 @@ resident runner spawns the runs.
 The leaks a warm design invites (a file, a process, an environment variable, an imported module,
 an IPC object, a held lock, a key, a TIME_WAIT socket, pid 1's limits, a scratch root's metadata)
 are each checked twice: no backend hands them to a later run, and a naive pool (the same sandbox,
-but one interpreter for every job and no cleanup: tests/naive_runner.py) does, so each check can fail.
+but one interpreter for every job and no cleanup: NAIVE_MAIN) does, so each check can fail.
 
 Docker cases are marked `docker` and skip with the printed reason only when the environment lacks
 a piece (no engine answers, or the image is not built: `scripts/docker_ci.sh start &&
@@ -427,15 +427,49 @@ def test_nothing_a_run_leaves_reaches_a_later_run(backend, leak):
     assert leak_seen(backend, *WARM_LEAKS[leak], visits=POOL + 1) == []
 
 
+# The naive runner: the resident runner's own definitions (frames, writing files), then a main loop
+# that runs every job with `exec` in its one long-lived interpreter and never kills, wipes or checks.
+NAIVE_MAIN = """
+import contextlib, io
+
+
+def naive_run(code):
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            exec(compile(code, SCRIPT, "exec"), {"__name__": "__main__"})
+        except SystemExit as stop:
+            rc = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        except BaseException as exc:
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            rc = 1
+    return rc, out.getvalue().encode(), err.getvalue().encode()
+
+
+write_frame(json.dumps({"ready": True, "oom_kills": -1}).encode())
+while True:
+    job, stdin = json.loads(read_frame()), read_frame()
+    write_frame(b'{"accepted": true}')
+    write_files(job["code"], job["files"])
+    start = time.monotonic()
+    rc, out, err = naive_run(job["code"])
+    write_frame(json.dumps({"rc": rc, "elapsed": time.monotonic() - start, "timed_out": False,
+                            "out": base64.b64encode(out).decode(), "err": base64.b64encode(err).decode(),
+                            "out_dropped": 0, "err_dropped": 0, "procs_left": 0, "oom_kills": -1,
+                            "fetch_stream": False}).encode())
+    write_frame(b'{"clean": true, "unclean": ""}')
+"""
+
+
 def _naive_pool():
     """A warm pool without hygiene: the same bwrap sandbox and cgroup slot, but its pid 1 runs every
-    job in one interpreter (tests/naive_runner.py) and neither it nor the host cleans anything."""
+    job in one interpreter (NAIVE_MAIN) and neither it nor the host cleans anything."""
     from sandbox.backends.local import LocalBackend
+    from sandbox.backends.resident import RUNNER
 
     class NaivePool(LocalBackend):
         def _runner_command(self, python: str) -> list[str]:
-            with open(os.path.join(os.path.dirname(__file__), "naive_runner.py")) as fh:
-                return [python, "-E", "-s", "-c", fh.read()]
+            return [python, "-E", "-s", "-c", RUNNER[:RUNNER.rindex("\nmain()")] + NAIVE_MAIN, ""]
 
         def _sweep(self, box, run):
             return True, False  # no host-side kill of leftovers either
