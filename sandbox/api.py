@@ -29,7 +29,7 @@ MIN_RUN_TIMEOUT_S = 0.001  # SandboxFusion answers run_timeout <= 0 with TimeLim
 DEFAULT_MEMORY_MB = 512  # used when memory_limit_MB is absent or <= 0 (SandboxFusion: -1 = "no limit")
 DEFAULT_MAX_MEMORY_MB = 8192  # operator ceiling (--max-memory-mb)
 MIN_MEMORY_MB = 32  # room for the interpreter and, in Docker, the container's pid 1; smaller requests get this
-MAX_FILES = 64  # one memfd per file in the local backend
+MAX_FILES = 64  # files per request, written into the sandbox by its runner
 MAX_FETCH_FILES = 64
 MAX_FETCH_BYTES = 16 << 20  # total fetched bytes per run; files past it are omitted and named in `message`
 NAME_MAX = 255  # bytes per path component (Linux)

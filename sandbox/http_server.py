@@ -42,7 +42,7 @@ DEFAULT_MAX_BODY_BYTES = 16 << 20
 DEFAULT_IDLE_TIMEOUT_S = 30.0
 DEFAULT_CONNECTION_LIMIT = 2048
 MAX_HEADER_BYTES = 64 << 10
-FD_RESERVE = 512  # descriptors kept free beyond the connections: pipes, memfds, cgroup files, logs
+FD_RESERVE = 512  # descriptors kept free beyond the connections: sandbox pipes, cgroup files, logs
 
 
 @dataclass(frozen=True)
