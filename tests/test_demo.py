@@ -1,5 +1,6 @@
-"""The demo's ``--smoke`` mode end to end (tiny Qwen2, real index/retriever/sandbox, 2 steps), its
-resume, and its argument errors. The full demo is not run here (about 15 minutes).
+"""The demo's ``--smoke`` mode end to end (tiny Qwen2, the generated task, real index/retriever/
+sandbox, expert demonstrations, 2 steps), ``--compare``, resume, and the argument errors. The full
+demo is not run here (about 15 minutes).
 
 ``--smoke`` scripts the first turn of samples 0-2 of every training group (the gold answer, a
 wrong answer, a search), so reward spread and a moving policy hold by construction, whatever the
@@ -15,6 +16,7 @@ import pytest
 from inspector_dom import assert_dom_matches, records, set_control
 
 from openrlhf_sgrpo.demo.__main__ import main, parse_args
+from openrlhf_sgrpo.demo.synth_task import hop_of_qid
 from openrlhf_sgrpo.inspect.browser import Browser, find_chromium
 from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.testing import shifted_seed
@@ -32,9 +34,15 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     text = capsys.readouterr().out
     for stage in range(1, 8):
         assert f"[{stage}/7]" in text
-    assert "held-out metric" in text and "search calls / question" in text and "strata/prompt" in text
+    assert "held-out metric (4 questions: 2 one-hop, 2 two-hop)" in text
+    for row in ("EM two-hop", "searches / question two-hop", "two-search share, two-hop", "answered"):
+        assert row in text
+    assert "EM 2-hop" in text and "strata/prompt" in text and "expert trajectories" in text
     assert "peak RSS MiB" in text and "previous stage peak RSS" in text
     assert (out / "report.png").stat().st_size > 10_000
+    checks = json.loads((out / "task_checks.json").read_text())
+    assert checks["recall"]["hop1"] == 1.0 and checks["recall"]["hop2"] == 1.0  # 32 passages, exact names
+    assert checks["closed_book_before"]["n"] == 4
     train = read_step_log(out / "metrics.jsonl", "train")
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
@@ -46,20 +54,63 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
         assert first["log_ratio_max"] < 1e-4, first  # old log-probs are the sampling policy's
         assert second["log_ratio_max"] > 1e-4 and second["sapo/mean_ratio"] != 1.0, second
     assert len(read_step_log(out / "metrics.jsonl", "eval_before")) == 1
+    assert read_step_log(out / "metrics.jsonl", "warmup")[0]["trajectories"] > 0
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
     assert sorted({p["dataset"] for p in preds}) == ["after_step2", "before", "warmup"] and len(preds) == 12
+    assert sorted(hop_of_qid(p["id"]) for p in preds if p["dataset"] == "before") == [1, 1, 2, 2]
     assert "after warm-up" in text and "after RL" in text
     assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1
     check_inspector_output(out, text, train_steps=[1, 2])
+    check_hop_metrics(out, train)
 
     assert main(["--smoke", "--calibadv", "--sapo", "--out", str(out), "--resume", "--steps", "3", *SEED]) == 0
     text = capsys.readouterr().out
     assert "resumed at step 2" in text and "after warm-up" in text  # the recorded warm-up column is reused
+    assert "expert trajectories" not in text  # no warm-up, so no demonstrations either
     assert len(read_step_log(out / "metrics.jsonl", "eval_warmup")) == 1  # and not re-evaluated
     assert [r["step"] for r in read_step_log(out / "metrics.jsonl", "train")] == [1, 2, 3]
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
     assert sum(p["dataset"] == "after_step3" for p in preds) == 4  # the resumed end is evaluated, not reused
     check_inspector_output(out, text, train_steps=[1, 2, 3])
+
+
+def check_hop_metrics(run_dir, train: list[dict]) -> None:
+    """Each step's logged per-hop numbers are those of its recorded trajectories (every group is
+    recorded: --record-groups 8 >= 2 prompts), the hop read from the question id."""
+    recs = records(run_dir)
+    for r in train:
+        samples = [(hop_of_qid(g["prompt_id"]), s) for g in recs[f"train/{r['step']}"] for s in g["samples"]]
+        for h in (1, 2):
+            mine = [s for hop, s in samples if hop == h]
+            if not mine:
+                assert f"hop{h}/em" not in r
+                continue
+            assert r[f"hop{h}/em"] == pytest.approx(sum(s["em"] or 0.0 for s in mine) / len(mine))
+            assert r[f"hop{h}/two_search_share"] == pytest.approx(
+                sum(s["stratum"] >= 2 for s in mine) / len(mine))  # stratum = tool calls = searches here
+
+
+@pytest.mark.slow
+def test_smoke_compare_trains_both_arms_from_the_same_warm_up(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["--smoke", "--compare", "--out", str(out), *SEED]) == 0
+    text = capsys.readouterr().out
+    assert "[9/9]" in text
+    assert "| GRPO " in text and "Stratified GRPO (alpha 0.8)" in text
+    starts = {}
+    for arm, estimator in (("grpo", "grpo"), ("sgrpo", "stratified_grpo")):
+        log = out / arm / "metrics.jsonl"
+        assert [r["step"] for r in read_step_log(log, "train")] == [1, 2]
+        assert read_step_log(log, "eval_after")[0]["n"] == 4
+        starts[arm] = read_step_log(log, "arm_start")[0]
+        assert starts[arm]["estimator"] == estimator
+        assert (out / arm / "rollouts.html").exists()
+        groups = records(out / arm)["train/1"]
+        assert groups[0]["estimator"] == estimator
+    # both arms start from the weights the warm-up left (fingerprint of the state dict)
+    assert starts["grpo"]["weights"] == starts["sgrpo"]["weights"] == read_step_log(
+        out / "metrics.jsonl", "warmup")[0]["weights"]
+    assert (out / "report.png").stat().st_size > 10_000
 
 
 def check_inspector_output(out, text: str, train_steps: list[int]) -> None:
@@ -96,7 +147,9 @@ def check_inspector_output(out, text: str, train_steps: list[int]) -> None:
     (["--steps", "0"], "--steps must be >= 1"),
     (["--resume"], "--resume needs --out"),
     (["--data", "x.jsonl"], "--data needs the corpus"),
-    (["--heldout", "10", "--max-questions", "5"], "must exceed --heldout"),
+    (["--heldout", "1"], "--heldout must be >= 2"),
+    (["--compare", "--estimator", "grpo"], "--compare trains grpo and stratified_grpo"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be >= 0"),
     (["--train-batch-size", "3"], "train_batch_size must divide the rollout batch"),
     (["--max-epochs", "0"], "--max-epochs must be >= 1"),
 ])

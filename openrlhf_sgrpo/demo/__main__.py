@@ -1,22 +1,32 @@
 """``python -m openrlhf_sgrpo.demo``: the project's main job on one machine, offline.
 
-Stages (each shows progress):
-  1. data     FanOutQA dev sub-questions whose evidence page is in the wiki extracts
-              (or ``--data`` FlashRAG jsonl + ``--corpus``), split train / held-out;
-  2. index    MiniLM over the evidence pages + distractors (cached in the asset cache);
-  3. serve    retriever and sandbox on loopback; load the policy (SmolLM2-135M-Instruct);
-  4. eval     held-out, greedy, before training;
-  5. warm-up  a few supervised steps on the action format (train questions): SmolLM2-135M
-              answers in prose and never writes the tags on its own (see local/warmup.py);
-              held-out is evaluated again, so the table tells the warm-up's gain from RL's;
+The task (``demo/synth_task.py``) is one no model can answer from memory: questions about
+generated people and towns whose answers exist only in the retrieval corpus. Single-hop questions
+need one search; two-hop questions need two, the second query being the first answer (the town a
+person was born in). Stages (each shows progress):
+  1. data     generate the world, its corpus (passages of ~25 tokens) and its questions; held-out
+              questions are about people and towns no training question names
+              (or ``--data`` FlashRAG jsonl + ``--corpus``);
+  2. index    MiniLM over the corpus (cached in the asset cache);
+  3. serve    retriever and sandbox on loopback; measure each hop's retrieval recall@3 for the
+              query a policy can write; run the expert demonstrations (below); load the policy
+              (SmolLM2-135M-Instruct);
+  4. eval     held-out, greedy, before training, and closed-book (the policy made to answer at
+              once: what memory alone scores);
+  5. warm-up  supervised steps on whole expert trajectories of *training* questions, run through
+              the real agent and retriever: think, search, read, search again where needed,
+              answer (``demo/warm.py``); held-out is evaluated again;
   6. train    Stratified GRPO steps (Ctrl-C leaves a checkpoint; ``--resume`` continues);
-  7. eval     held-out again; print the tables, write ``report.png``, ``metrics.jsonl`` and the
-              rollout inspector ``rollouts.html`` (every step's and evaluation's trajectories).
-Each stage header shows the previous stage's peak RSS; a table of wall time and peak RSS per
-stage closes the output. Defaults fit ~15 minutes on 2 CPU cores; flags make it bigger on a GPU.
-``--smoke`` is a plumbing check (tiny random Qwen2), not a learning run: in every training group
-the first turns of three samples are scripted (the gold answer, a wrong answer, a search; see
-``local/scripted.py``), so reward spread, a tool call and a non-zero update hold by construction.
+  7. eval     held-out again; print the tables (EM, F1 and searches by hop count, the share of
+              two-search trajectories on two-hop questions, answered), write ``report.png``,
+              ``metrics.jsonl`` and the rollout inspector ``rollouts.html``.
+``--compare`` trains GRPO and then Stratified GRPO from the same warm-up weights, seed, questions
+and steps (stages 6-9, one folder per arm) and reports both side by side (``report.png``: both
+arms' curves). Each stage header shows the previous stage's peak RSS; a table of wall time and
+peak RSS per stage closes the output. ``--smoke`` is a plumbing check (tiny random Qwen2), not a
+learning run: in every training group the first turns of three samples are scripted (the gold
+answer, a wrong answer, a search; see ``local/scripted.py``), so reward spread, a tool call and a
+non-zero update hold by construction.
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ import time
 from pathlib import Path
 
 log = logging.getLogger("openrlhf_sgrpo.demo")
-STAGES = 7
 TEMPLATE = "search_r1_chat"
 
 
@@ -38,20 +47,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="run folder (default runs/<timestamp>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--smoke", action="store_true", help="tiny Qwen2, 2 steps, 4 held-out questions (tests)")
+    p.add_argument("--compare", action="store_true",
+                   help="train GRPO and Stratified GRPO (--alpha) from the same warm-up, seed, data and steps")
     p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--data", default=None, help="FlashRAG jsonl instead of FanOutQA (needs --corpus or --index)")
+    p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
     p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
     p.add_argument("--index", default=None, help="an existing retriever index folder")
-    p.add_argument("--distractors", type=int, default=1200, help="non-evidence extracts in the FanOutQA corpus")
-    p.add_argument("--heldout", type=int, default=None, help="held-out questions (default 24; smoke 4)")
-    p.add_argument("--max-questions", type=int, default=None,
-                   help="use only the first N FanOutQA sub-questions (answer-in-extract first; smoke 24)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 4; smoke 2)")
-    p.add_argument("--warmup-steps", type=int, default=10,
-                   help="supervised steps on the action format before RL (0: none; see local/warmup.py)")
-    p.add_argument("--warmup-lr", type=float, default=2e-4)
+    p.add_argument("--train-pairs", type=int, default=None,
+                   help="person-town pairs of the generated world's training side (default 200; smoke 8)")
+    p.add_argument("--task-seed", type=int, default=0, help="seed of the generated world (names, split)")
+    p.add_argument("--heldout", type=int, default=None, help="held-out questions, half two-hop (default 48; smoke 4)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 8; smoke 2)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="supervised steps before RL (default 8; smoke 6; 0: none; see demo/warm.py)")
+    p.add_argument("--warmup-lr", type=float, default=5e-5)
     p.add_argument("--warmup-batch", type=int, default=4)
+    p.add_argument("--demos", type=int, default=64, help="expert demonstrations run for the warm-up")
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=2)
@@ -71,41 +83,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kl-coef", type=float, default=0.0, help="KL to a frozen reference (0: none)")
     p.add_argument("--sapo", action="store_true", help="add the SAPO term (openrlhf_sgrpo.sapo)")
     p.add_argument("--calibadv", action="store_true", help="calibrate token advantages (openrlhf_sgrpo.calibadv)")
-    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-turns", type=int, default=2, help="tool turns before the final answer turn")
     p.add_argument("--max-len", type=int, default=768)
     p.add_argument("--max-tokens-per-turn", type=int, default=48)
     p.add_argument("--max-obs-tokens", type=int, default=160)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--reward", default="f1", choices=["em", "f1", "sub_em"],
-                   help="training reward (+ Search-R1's format reward). F1's partial credit gives a "
-                        "135M model's groups reward variance that EM rarely does; the paper uses em")
-    p.add_argument("--concurrency", type=int, default=24, help="held-out questions in flight at once")
+                   help="training reward (+ Search-R1's format reward); the paper uses em")
+    p.add_argument("--concurrency", type=int, default=48, help="held-out questions in flight at once")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--record-groups", type=int, default=8,
                    help="prompt groups per step kept as rollout records for the inspector (0: none)")
     args = p.parse_args(argv)
     smoke = args.smoke
     args.model = args.model or ("tiny-qwen2" if smoke else "smollm2")
-    args.heldout = (4 if smoke else 24) if args.heldout is None else args.heldout
-    args.steps = (2 if smoke else 4) if args.steps is None else args.steps
+    args.heldout = (4 if smoke else 48) if args.heldout is None else args.heldout
+    args.steps = (2 if smoke else 8) if args.steps is None else args.steps
+    args.train_pairs = (8 if smoke else 200) if args.train_pairs is None else args.train_pairs
+    args.warmup_steps = (6 if smoke else 8) if args.warmup_steps is None else args.warmup_steps
     if smoke:
-        args.max_questions = args.max_questions or 24
-        args.warmup_steps, args.warmup_lr = min(args.warmup_steps, 40), 1e-2
-        args.distractors = min(args.distractors, 20)
-        args.max_tokens_per_turn = min(args.max_tokens_per_turn, 16)
+        args.warmup_lr = 1e-2
+        args.demos = min(args.demos, 16)
+        args.max_tokens_per_turn = min(args.max_tokens_per_turn, 32)
         args.max_len = min(args.max_len, 384)
-    if args.max_questions is not None and args.max_questions <= args.heldout:
-        p.error(f"--max-questions ({args.max_questions}) must exceed --heldout ({args.heldout})")
     for name in ("heldout", "steps", "prompts_per_step", "micro_batch_size", "max_turns", "max_len",
-                 "max_tokens_per_turn", "concurrency", "max_epochs"):
+                 "max_tokens_per_turn", "concurrency", "max_epochs", "train_pairs", "demos", "warmup_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.heldout < 2 and not args.data:
+        p.error(f"--heldout must be >= 2 (one one-hop and one two-hop question), got {args.heldout}")
+    if args.warmup_steps < 0:
+        p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.n_samples < 2:
         p.error(f"--n-samples must be >= 2 (a group baseline needs 2), got {args.n_samples}")
     if args.data and not (args.corpus or args.index):
         p.error("--data needs the corpus its answers live in: --corpus JSONL or --index DIR")
     if args.resume and not args.out:
         p.error("--resume needs --out (the run folder to continue)")
+    if args.compare and args.estimator != "stratified_grpo":
+        p.error(f"--compare trains grpo and stratified_grpo; --estimator {args.estimator} does not apply")
     if args.train_batch_size is None:
         args.train_batch_size = _default_train_batch(args)
     try:
@@ -129,8 +145,9 @@ def _default_train_batch(args: argparse.Namespace) -> int:
     return rollout
 
 
-def train_config(args: argparse.Namespace):
-    """The trainer's settings from the demo's flags (raises ValueError naming a bad one)."""
+def train_config(args: argparse.Namespace, estimator: str | None = None, alpha: float | None = None):
+    """The trainer's settings from the demo's flags (raises ValueError naming a bad one); an arm of
+    ``--compare`` passes its own estimator and alpha."""
     from openrlhf_sgrpo.calibadv import CalibAdvConfig
     from openrlhf_sgrpo.local.experience_maker import AdvantageConfig
     from openrlhf_sgrpo.local.loss import LossConfig
@@ -142,100 +159,132 @@ def train_config(args: argparse.Namespace):
         micro_batch_size=args.micro_batch_size, train_batch_size=args.train_batch_size, max_epochs=args.max_epochs,
         gradient_checkpointing=args.gradient_checkpointing, lr=args.lr, seed=args.seed,
         record_groups=args.record_groups,
-        adv=AdvantageConfig(estimator=args.estimator, alpha=args.alpha, stratify_by=args.stratify_by,
-                            calibadv=CalibAdvConfig() if args.calibadv else None),
+        adv=AdvantageConfig(estimator=estimator or args.estimator, alpha=args.alpha if alpha is None else alpha,
+                            stratify_by=args.stratify_by, calibadv=CalibAdvConfig() if args.calibadv else None),
         loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))
 
 
-def _stage(k: int, name: str, t0: float, peaks) -> None:
-    previous = peaks.begin(name)
-    rss = f", previous stage peak RSS {previous:,.0f} MiB" if previous is not None else ""
-    print(f"\n== [{k}/{STAGES}] {name}  (t = {time.monotonic() - t0:5.1f} s{rss})", flush=True)
+class Stages:
+    """Numbered stage headers with the previous stage's peak RSS."""
+
+    def __init__(self, total: int, t0: float, peaks):
+        self.total, self.t0, self.peaks, self.k = total, t0, peaks, 0
+
+    def __call__(self, name: str) -> None:
+        self.k += 1
+        previous = self.peaks.begin(name)
+        rss = f", previous stage peak RSS {previous:,.0f} MiB" if previous is not None else ""
+        print(f"\n== [{self.k}/{self.total}] {name}  (t = {time.monotonic() - self.t0:5.1f} s{rss})", flush=True)
 
 
-def _questions(args):
-    """(train, held-out, corpus jsonl or None, index or None)."""
-    from openrlhf_sgrpo import assets
-    from openrlhf_sgrpo.demo.corpus import write_corpus
-    from openrlhf_sgrpo.demo.fanout import answerable_subquestions, load_extracts, split
-    from openrlhf_sgrpo.local.data import load_flashrag_jsonl
+def _make_engine(args, model, tok):
+    """The generation engine the rollouts sample from."""
+    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 
-    if args.data:
-        qs = load_flashrag_jsonl(args.data)
-        if len(qs) <= args.heldout:
-            raise ValueError(f"--data has {len(qs)} questions, not more than --heldout {args.heldout}")
-        return qs[args.heldout:], qs[: args.heldout], args.corpus, args.index
-    extracts = load_extracts(assets.wiki_extracts_json())
-    subs = answerable_subquestions(assets.fanoutqa_dev_json(), extracts)[: args.max_questions]
-    train, held = split(subs, args.heldout, seed=args.seed)
-    inside = sum(s.answer_in_extract for s in subs)
-    print(f"FanOutQA dev: {len(subs)} sub-questions with their evidence page in the extracts "
-          f"({inside} with the answer string in it); train {len(train)}, held-out {len(held)}")
-    corpus = write_corpus(extracts, {s.evidence_title for s in subs}, args.distractors, seed=args.seed)
-    return [s.as_question() for s in train], [s.as_question() for s in held], corpus, args.index
+    return HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
+                              seed=args.seed)
 
 
-def _index(args, corpus, index):
-    from openrlhf_sgrpo.local.services import cached_index_for
+def _make_rollout(args, engine, tok, agent_cfg, script=None):
+    from openrlhf_sgrpo.local.rollout import AgentRollout
 
-    # the demo's corpus and a user's alike: indexed in the cache, never beside the data
-    return Path(index) if index else cached_index_for(corpus)
-
-
-def _warmup(args, model, tok, train, out: Path, logger) -> bool:
-    """Cold start on the action format, once per run (a checkpoint's weights already have it).
-
-    Returns whether it ran in this process."""
-    from agent_env.templates import build_prompt
-    from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
-    from openrlhf_sgrpo.local.models import TINY_QWEN2
-    from openrlhf_sgrpo.local.warmup import action_format_pairs, format_warmup
-
-    if args.warmup_steps == 0 or latest_checkpoint(out / "checkpoints") is not None:
-        print("skipped" if args.warmup_steps == 0 else "skipped: resuming from a checkpoint that includes it")
-        return False
-    if args.model == TINY_QWEN2:
-        pairs = action_format_pairs(train[:64])
-    else:
-        pairs = action_format_pairs(train[:64], prompt_fn=lambda q: build_prompt(TEMPLATE, q, tok),
-                                    query_fn=lambda q: q, sep="")
-    loss = format_warmup(model, tok, train, steps=args.warmup_steps, lr=args.warmup_lr, pairs=pairs,
-                         batch_size=args.warmup_batch,
-                         seed=args.seed, progress=True)
-    logger.log(0, {"steps": args.warmup_steps, "final_loss": loss, "pairs": len(pairs)}, phase="warmup")
-    return True
+    return AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
+                        temperature=args.temperature, first_turn_script=script)
 
 
-def _eval_after_warmup(args, ran: bool, rollout, held, predictions: Path, logger) -> dict | None:
-    """Held-out right after the warm-up. On a resume past it, only its recorded evaluation is
-    reused (the weights now include RL steps, so evaluating them would mislabel the column)."""
-    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate, read_records, summarize
+def _evaluate(args, rollout, name: str, held, predictions: Path, run_dir: Path, phase: str, step: int) -> dict:
+    """Greedy held-out evaluation (resumable) summarized by hop."""
+    from openrlhf_sgrpo.demo.hops import eval_by_hop
+    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate
 
-    if ran:
-        warm = summarize(evaluate(rollout, "warmup", held, predictions, args.concurrency,
-                                  records=TrajectoryRecords(args.out, "eval_warmup", 0)))
-        logger.log(0, warm, phase="eval_warmup")
-        return warm
+    return eval_by_hop(evaluate(rollout, name, held, predictions, args.concurrency,
+                                records=TrajectoryRecords(run_dir, phase, step)))
+
+
+def _recorded(predictions: Path, name: str, held) -> dict | None:
+    """A finished evaluation's summary from its predictions (None when incomplete)."""
+    from openrlhf_sgrpo.demo.hops import eval_by_hop
+    from openrlhf_sgrpo.eval.core import read_records
+
     ids = {q.qid for q in held}
-    recorded = [r for r in read_records(predictions) if r.get("dataset") == "warmup" and r["id"] in ids]
-    return summarize(recorded) if args.warmup_steps and len(recorded) == len(ids) else None
+    rows = [r for r in read_records(predictions) if r.get("dataset") == name and r["id"] in ids]
+    return eval_by_hop(rows) if len(rows) == len(ids) else None
+
+
+def _needs_warmup(args, arms) -> bool:
+    """The warm-up runs once per run: not when a resumed run's weights (an arm's checkpoint, or the
+    saved warm-up weights of --compare) already include it."""
+    from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
+
+    if args.warmup_steps == 0:
+        return False
+    if args.compare:
+        return not (args.out / WARM_WEIGHTS).exists()
+    return latest_checkpoint(arms[0].dir / "checkpoints") is None
+
+
+WARM_WEIGHTS = "warmup_policy.pt"
+
+
+def _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger) -> tuple[dict, list[dict]]:
+    """Train one arm (from the warm-up weights under --compare) and evaluate it on held-out."""
+    from openrlhf_sgrpo.demo.hops import HopMetrics
+    from openrlhf_sgrpo.demo.warm import load_warm_weights, weights_fingerprint
+    from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
+    from openrlhf_sgrpo.local.step_log import StepLogger, read_step_log
+    from openrlhf_sgrpo.local.trainer import LocalTrainer
+
+    tcfg = train_config(args, arm.estimator, arm.alpha)
+    stages(f"train {args.steps} steps of {arm.label}")
+    print(f"{tcfg.optimizer_steps_per_rollout} optimizer step(s) per rollout of {tcfg.rollout_batch_size} "
+          f"samples (train batch {tcfg.mini_batch_size}, {tcfg.max_epochs} epoch(s)); gradient "
+          f"checkpointing {'on' if tcfg.gradient_checkpointing else 'off'}"
+          + ("; --smoke scripts the first turn of samples 0-2 of every group" if args.smoke else ""))
+    own = arm.dir != args.out
+    if own:
+        arm.dir.mkdir(parents=True, exist_ok=True)
+        logger = StepLogger(arm.dir, run_name=f"{args.out.name}-{arm.dir.name}", config={"arm": arm.label})
+        if latest_checkpoint(arm.dir / "checkpoints") is None and (args.out / WARM_WEIGHTS).exists():
+            load_warm_weights(model, args.out / WARM_WEIGHTS)  # every arm starts from the same policy
+    try:
+        trainer = LocalTrainer(model, tok, HopMetrics(rollout, data.hop_of_question()), data.train, tcfg, arm.dir,
+                               logger=logger)
+        if args.resume and trainer.resume():
+            print(f"resumed at step {trainer.step}")
+        else:
+            start = weights_fingerprint(model)
+            logger.log(0, {"estimator": arm.estimator, "alpha": arm.alpha, "weights": start}, phase="arm_start")
+            print(f"{arm.label} starts from policy weights {start}")
+        engine.sync_weights(model)  # weights loaded from a file: the engine generates with them
+        trainer.train()
+        stages(f"evaluate held-out after {arm.label}")
+        # Keyed by the step: a run resumed to more steps evaluates its new weights instead of
+        # reusing the earlier end's predictions under the same name.
+        after = _evaluate(args, rollout, f"after_step{args.steps}", data.heldout, arm.predictions, arm.dir,
+                          "eval_after", args.steps)
+        logger.log(args.steps, after, phase="eval_after")
+    finally:
+        if own:
+            logger.close()
+    return after, read_step_log(arm.dir / "metrics.jsonl", "train")
 
 
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
     from agent_env.config import AgentConfig
+    from agent_env.templates import build_prompt
+    from openrlhf_sgrpo.demo.arms import arms_for
     from openrlhf_sgrpo.demo.memory import StagePeaks
-    from openrlhf_sgrpo.demo.report import before_after_table, plot_report, steps_table
-    from openrlhf_sgrpo.eval.core import TrajectoryRecords, evaluate, summarize
+    from openrlhf_sgrpo.demo.questions import load_demo_data
+    from openrlhf_sgrpo.demo.report import heldout_table, plot_curves, steps_table
+    from openrlhf_sgrpo.demo.task_checks import closed_book, leaked_answers, measure_recall
+    from openrlhf_sgrpo.demo.warm import demonstrations, save_warm_weights, warm_up
     from openrlhf_sgrpo.inspect.report import write_report
     from openrlhf_sgrpo.local.heap import map_large_allocations
-    from openrlhf_sgrpo.local.hf_engine import HFGenerationEngine
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
-    from openrlhf_sgrpo.local.rollout import AgentRollout
     from openrlhf_sgrpo.local.scripted import spread_script
-    from openrlhf_sgrpo.local.services import local_services
-    from openrlhf_sgrpo.local.step_log import StepLogger, read_step_log
-    from openrlhf_sgrpo.local.trainer import LocalTrainer
+    from openrlhf_sgrpo.local.services import cached_index_for, local_services
+    from openrlhf_sgrpo.local.step_log import StepLogger
 
     map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
     out = args.out
@@ -243,66 +292,95 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
-    tcfg = train_config(args)
+    arms = arms_for(args)
     peaks = StagePeaks()
+    stages = Stages(5 + 2 * len(arms), t0, peaks)
+    template = "none" if args.model == TINY_QWEN2 else TEMPLATE
 
-    _stage(1, "data", t0, peaks)
-    train, held, corpus, index = _questions(args)
-    _stage(2, "retriever index", t0, peaks)
-    index = _index(args, corpus, index)
-    _stage(3, f"services + policy ({args.model})", t0, peaks)
+    stages("data")
+    data = load_demo_data(args)
+    stages("retriever index")
+    index = Path(data.index) if data.index else cached_index_for(data.corpus)
+    stages(f"services, expert demonstrations, policy ({args.model})")
     model, tok = load_policy(args.model, args.device, seed=args.seed)
     if args.gradient_checkpointing:  # before the warm-up, whose backward is as large as RL's
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     print(f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    prompt_fn = lambda q: build_prompt(template, q, tok)  # noqa: E731 - the agent's own rendering
     logger = StepLogger(out, run_name=out.name, config={k: str(v) for k, v in vars(args).items()})
+    checks: dict = {}
+    arm_results: dict[str, tuple[dict, list[dict]]] = {}
     with local_services(index) as urls:
         print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
-        agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url,
-                                template="none" if args.model == TINY_QWEN2 else TEMPLATE, max_turns=args.max_turns,
-                                topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward, format_reward=True)
-        engine = HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
-                                    seed=args.seed)
-        rollout = AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
-                               temperature=args.temperature, first_turn_script=spread_script if args.smoke else None)
+        agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
+                                max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens,
+                                reward=args.reward, format_reward=True)
+        if data.task is not None:
+            recall = measure_recall(urls.retriever_url, list(data.task.heldout), k=agent_cfg.topk)
+            checks["recall"] = vars(recall)
+            print(recall.describe())
+            leaks = leaked_answers(data.task)
+            if leaks:
+                raise ValueError(f"held-out answers occur in training questions: {leaks[:5]}")
+        warm_needed = _needs_warmup(args, arms)
+        # before the rollout below: each AgentRollout instruments the process-wide tool clients
+        demos = (demonstrations(args, data, tok, prompt_fn, lambda engine: _make_rollout(args, engine, tok, agent_cfg))
+                 if warm_needed else None)
+        engine = _make_engine(args, model, tok)
+        rollout = _make_rollout(args, engine, tok, agent_cfg, script=spread_script if args.smoke else None)
         try:
-            _stage(4, f"evaluate held-out ({len(held)} questions) before training", t0, peaks)
-            before = summarize(evaluate(rollout, "before", held, out / "eval_predictions.jsonl", args.concurrency,
-                                        records=TrajectoryRecords(out, "eval_before", 0)))
+            stages(f"evaluate held-out ({len(data.heldout)} questions) before training")
+            before = _evaluate(args, rollout, "before", data.heldout, out / "eval_predictions.jsonl", out,
+                               "eval_before", 0)
             logger.log(0, before, phase="eval_before")
-            _stage(5, f"format warm-up: {args.warmup_steps} supervised steps on train questions", t0, peaks)
-            ran = _warmup(args, model, tok, train, out, logger)
-            warm = _eval_after_warmup(args, ran, rollout, held, out / "eval_predictions.jsonl", logger)
-            _stage(6, f"train {args.steps} steps of {args.estimator}", t0, peaks)
-            print(f"{tcfg.optimizer_steps_per_rollout} optimizer step(s) per rollout of {tcfg.rollout_batch_size} "
-                  f"samples (train batch {tcfg.mini_batch_size}, {tcfg.max_epochs} epoch(s)); gradient "
-                  f"checkpointing {'on' if tcfg.gradient_checkpointing else 'off'}"
-                  + ("; --smoke scripts the first turn of samples 0-2 of every group" if args.smoke else ""))
-            trainer = LocalTrainer(model, tok, rollout, train, tcfg, out, logger=logger)
-            if args.resume and trainer.resume():
-                print(f"resumed at step {trainer.step}")
-            trainer.train()
-            _stage(7, "evaluate held-out after training", t0, peaks)
-            # Keyed by the step: a run resumed to more steps evaluates its new weights instead of
-            # reusing the earlier end's predictions under the same name.
-            after = summarize(evaluate(rollout, f"after_step{args.steps}", held, out / "eval_predictions.jsonl",
-                                       args.concurrency, records=TrajectoryRecords(out, "eval_after", args.steps)))
-            logger.log(args.steps, after, phase="eval_after")
+            if data.task is not None:
+                checks["closed_book_before"] = closed_book(model, tok, list(data.task.heldout), prompt_fn)
+                print(f"closed-book (answer at once, no search) held-out EM {checks['closed_book_before']['em']:.3f}")
+            stages(f"warm-up: {args.warmup_steps} supervised steps on train questions")
+            warm = None
+            if warm_needed:
+                warm_up(args, model, tok, data, demos, None if template == "none" else prompt_fn, logger)
+                engine.sync_weights(model)
+                if args.compare:
+                    save_warm_weights(model, out / WARM_WEIGHTS)
+                warm = _evaluate(args, rollout, "warmup", data.heldout, out / "eval_predictions.jsonl", out,
+                                 "eval_warmup", 0)
+                logger.log(0, warm, phase="eval_warmup")
+                if data.task is not None:
+                    checks["closed_book_warmup"] = closed_book(model, tok, list(data.task.heldout), prompt_fn)
+                    print(f"closed-book after the warm-up: held-out EM {checks['closed_book_warmup']['em']:.3f}")
+            else:
+                print("skipped" if args.warmup_steps == 0 else "skipped: resuming from weights that include it")
+                # a resumed run shows the recorded column (its weights now include RL steps)
+                warm = _recorded(out / "eval_predictions.jsonl", "warmup", data.heldout) if args.warmup_steps else None
+            for arm in arms:
+                arm_results[arm.label] = _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger)
         finally:
             rollout.close()
             logger.close()
             peaks.close()
-    records = read_step_log(out / "metrics.jsonl", "train")
-    plot_report(records, out / "report.png")
-    inspector, warnings = write_report(out)
-    for w in warnings:
-        print(f"warning: {w}")
-    print("\n" + before_after_table(before, after, warm))
-    print("\n" + steps_table(records))
+    (out / "task_checks.json").write_text(json.dumps(checks, indent=1))
+    curves = {label: records for label, (_, records) in arm_results.items()}
+    title = "GRPO vs Stratified GRPO (local demo)" if args.compare else f"{arms[0].label} (local demo)"
+    plot_curves(curves, out / "report.png", title)
+    reports = []
+    for target in [out] + [arm.dir for arm in arms if arm.dir != out]:
+        inspector, warnings = write_report(target)
+        reports.append(inspector)
+        for w in warnings:
+            print(f"warning: {w}")
+    columns = {"before": before, "after warm-up": warm}
+    columns.update({("after RL" if not args.compare else label): after for label, (after, _) in arm_results.items()})
+    print("\n" + heldout_table(columns))
+    for label, (_, records) in arm_results.items():
+        print(f"\n{label}:\n" + steps_table(records) if args.compare else "\n" + steps_table(records))
     print("\n" + peaks.table())
-    print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'} (total {time.monotonic() - t0:.0f} s)")
-    print(f"rollout inspector: {inspector} (python -m openrlhf_sgrpo.inspect {out} rebuilds it)")
-    return {"before": before, "after_warmup": warm, "after": after, "steps": records, "stages": peaks.rows}
+    print(f"\nwrote {out / 'report.png'}, {out / 'metrics.jsonl'}, {out / 'task_checks.json'} "
+          f"(total {time.monotonic() - t0:.0f} s)")
+    for path in reports:
+        print(f"rollout inspector: {path} (python -m openrlhf_sgrpo.inspect {path.parent} rebuilds it)")
+    return {"before": before, "after_warmup": warm, "arms": {k: v[0] for k, v in arm_results.items()},
+            "steps": {k: v[1] for k, v in arm_results.items()}, "checks": checks, "stages": peaks.rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,8 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume",
-              file=sys.stderr)
+        print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume"
+              + (" --compare" if args.compare else ""), file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A few supervised steps that teach a *randomly initialised* model the agent's action format.
+"""Supervised steps before RL: the action format alone, or whole expert trajectories.
 
 A random tiny model never writes ``<search>...</search>``, so every trajectory has zero tool
 calls and zero reward and RL has nothing to work with. Tests and benchmarks that use the tiny
@@ -7,6 +7,15 @@ gold </answer>`` strings (loss on the action only); sampling then yields a real 
 searches and answers (several strata per prompt). The demo does the same "cold start" for
 SmolLM2-135M-Instruct, which answers in prose and never uses the tags on its own (R1-style
 pipelines also fine-tune on the format before RL).
+
+A format warm-up teaches the *first* action only: a model fitted on (prompt, action) pairs
+searches but has never seen an observation, so it does not know what to do after one (the
+earlier demo's warm-up policy searched on every question and then never answered).
+:class:`ExpertEngine` + :func:`trajectory_warmup` teach the whole loop instead: scripted expert
+turns (think, search, read the observation, search again where needed, answer) are run through
+the real agent and tools (:class:`~openrlhf_sgrpo.local.rollout.AgentRollout` with this engine),
+so the warm-up fits exactly the token sequences a rollout produces, observations included, with
+the loss on the action tokens only (the sample's own action mask).
 """
 
 from __future__ import annotations
@@ -18,8 +27,9 @@ import torch
 from tqdm.auto import tqdm
 
 from openrlhf_sgrpo.local.data import Question
-from openrlhf_sgrpo.local.experience import Batch
+from openrlhf_sgrpo.local.experience import Batch, Sample, collate
 from openrlhf_sgrpo.local.loss import action_log_probs
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput
 from openrlhf_sgrpo.local.trainer import make_optimizer
 
 
@@ -70,15 +80,33 @@ def format_warmup(model, tokenizer, questions: list[Question], steps: int = 60, 
     pairs = pairs if pairs is not None else action_format_pairs(questions)
     if not pairs:
         raise ValueError("format_warmup needs at least one question")
-    rng = random.Random(seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return _fit(model, lambda rng: _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id),
+                steps, lr, seed, progress, "format warm-up")
+
+
+def trajectory_warmup(model, tokenizer, samples: list[Sample], steps: int, lr: float, batch_size: int = 4,
+                      seed: int = 0, progress: bool = False) -> float:
+    """Fit whole trajectories (e.g. :class:`ExpertEngine` rollouts): the NLL of their action tokens
+    (the tool outputs between turns are context, never targets); returns the last loss."""
+    if not samples:
+        raise ValueError("trajectory_warmup needs at least one trajectory")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return _fit(model, lambda rng: collate(rng.sample(samples, min(batch_size, len(samples))), pad_id),
+                steps, lr, seed, progress, "trajectory warm-up")
+
+
+def _fit(model, next_batch: Callable[[random.Random], Batch], steps: int, lr: float, seed: int, progress: bool,
+         desc: str) -> float:
+    """AdamW on the mean action-token NLL of ``steps`` batches; the model is left in eval mode."""
+    rng = random.Random(seed)
     opt = make_optimizer(model, lr, weight_decay=0.01)
     model.train()
     loss = torch.tensor(float("nan"))
-    bar = tqdm(range(steps), desc="format warm-up", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
     try:
         for _ in bar:
-            batch = _batch(tokenizer, rng.sample(pairs, min(batch_size, len(pairs))), pad_id)
+            batch = next_batch(rng)
             logp = action_log_probs(model, batch)
             mask = batch.action_mask.to(logp.device)
             loss = -(logp * mask).sum() / mask.sum()
@@ -89,3 +117,44 @@ def format_warmup(model, tokenizer, questions: list[Question], steps: int = 60, 
     finally:
         model.eval()
     return float(loss.detach())
+
+
+class ExpertEngine:
+    """A generation engine that replays scripted turns instead of sampling.
+
+    ``scripts`` maps a trajectory's prompt (the text the agent renders, as the executor tokenizes
+    it) to its turns. ``generate`` finds the trajectory by the prompt its context opens with and
+    returns the turn after the ones already taken (counted as the action closers since the
+    prompt), whole: the agent and the tools run for real in between, so the second query can
+    only be right if the first observation held the bridge entity.
+    """
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]):
+        self.tokenizer = tokenizer
+        self.scripts: dict[tuple[int, ...], list[str]] = {}
+        for prompt, turns in scripts.items():
+            if not turns:
+                raise ValueError(f"empty script for prompt {prompt[-80:]!r}")
+            self.scripts[tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])] = list(turns)
+        self.lengths = sorted({len(k) for k in self.scripts})
+
+    def _find(self, ids: list[int]) -> tuple[list[str], int]:
+        for n in self.lengths:
+            turns = self.scripts.get(tuple(ids[:n]))
+            if turns is not None:
+                done = self.tokenizer.decode(ids[n:], skip_special_tokens=False)
+                return turns, sum(done.count(c) for c in ("</search>", "</code>", "</answer>"))
+        raise KeyError("no script for this prompt")
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None) -> RequestOutput:
+        turns, k = self._find(list(prompt_token_ids))
+        text = turns[min(k, len(turns) - 1)]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return RequestOutput(list(prompt_token_ids), [CompletionOutput(0, text, ids, "stop")])
+
+    def sync_weights(self, model) -> int:
+        """No weights: the engine interface's sync is a no-op here."""
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release."""

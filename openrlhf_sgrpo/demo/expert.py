@@ -1,0 +1,61 @@
+"""The warm-up's demonstrations: expert trajectories of training questions, run for real.
+
+Each training question's expert turns (:func:`~openrlhf_sgrpo.demo.synth_task.expert_turns`) go
+through the agent, the retriever and the tokenizer exactly as a rollout does
+(:class:`~openrlhf_sgrpo.local.warmup.ExpertEngine` in the engine's place), so the warm-up fits
+the token sequences RL will sample, observations included. Kept: demonstrations that end with
+the right answer (the retriever showed every hop's passage) and whose text names no held-out
+entity (a retrieved distractor could), so held-out facts stay unseen by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent_env import info_keys as K
+from openrlhf_sgrpo.demo.synth_task import TaskQuestion, expert_turns
+from openrlhf_sgrpo.local.experience import Sample
+
+
+@dataclass(frozen=True)
+class Demonstrations:
+    samples: list[Sample]
+    run: int  # demonstrations run
+    wrong: int  # dropped: the expert's answer did not score (a hop's passage was not retrieved)
+    leaked: int  # dropped: a held-out entity showed up in the text
+
+    def describe(self) -> str:
+        hops = sum(s.info.get(K.SEARCH_CALLS, 0) == 2 for s in self.samples)
+        return (f"{len(self.samples)} expert trajectories ({hops} with two searches) from {self.run} run; "
+                f"dropped {self.wrong} whose answer did not score, {self.leaked} naming a held-out entity")
+
+
+def run_demonstrations(make_rollout: Callable, tokenizer, questions: list[TaskQuestion],
+                       prompt_fn: Callable[[str], str], forbidden: list[str]) -> Demonstrations:
+    """Run the expert on ``questions``; ``make_rollout(engine)`` builds an AgentRollout around it
+    (closed here), ``prompt_fn`` renders a question as the agent does, ``forbidden`` are the
+    held-out names no kept trajectory may contain."""
+    from openrlhf_sgrpo.demo.task_checks import mentions
+    from openrlhf_sgrpo.local.warmup import ExpertEngine
+
+    scripts = {prompt_fn(q.question): expert_turns(q) for q in questions}
+    if len(scripts) != len(questions):
+        raise ValueError("two training questions render the same prompt; their scripts would collide")
+    rollout = make_rollout(ExpertEngine(tokenizer, scripts))
+    try:
+        result = rollout.run([q.question for q in questions], [[q.answer] for q in questions], n=1, greedy=True,
+                             desc="expert demonstrations")
+    finally:
+        rollout.close()
+    kept, wrong, leaked = [], 0, 0
+    for sample in result.samples:
+        if sample.info.get(K.EM, 0.0) < 1.0:
+            wrong += 1
+            continue
+        text = tokenizer.decode(sample.sequences.tolist(), skip_special_tokens=False)
+        if any(mentions(text, n) for n in forbidden):
+            leaked += 1
+            continue
+        kept.append(sample)
+    return Demonstrations(kept, len(questions), wrong, leaked)
