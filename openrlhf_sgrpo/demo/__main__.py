@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny Qwen2, 2 steps, 4 held-out questions (tests)")
     p.add_argument("--compare", action="store_true",
                    help="train GRPO and Stratified GRPO (--alpha) from the same warm-up, seed, data and steps")
+    p.add_argument("--arms", default=None,
+                   help="arms to train from the same warm-up, e.g. grpo,sgrpo:0.6,sgrpo:1.0 (the study script's)")
     p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
     p.add_argument("--device", default="cpu")
     p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
@@ -122,6 +124,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--resume needs --out (the run folder to continue)")
     if args.compare and args.estimator != "stratified_grpo":
         p.error(f"--compare trains grpo and stratified_grpo; --estimator {args.estimator} does not apply")
+    if args.arms:
+        from openrlhf_sgrpo.demo.arms import parse_arms
+
+        if args.compare:
+            p.error("--arms and --compare both choose the arms; pass one")
+        try:
+            parse_arms(args.arms)
+        except ValueError as err:
+            p.error(str(err))
+        args.compare = True  # several arms: each starts from the saved warm-up weights
     if args.train_batch_size is None:
         args.train_batch_size = _default_train_batch(args)
     try:
@@ -390,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume"
-              + (" --compare" if args.compare else ""), file=sys.stderr)
+              + (f" --arms {args.arms}" if args.arms else " --compare" if args.compare else ""), file=sys.stderr)
         return 130
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -25,9 +25,33 @@ class Arm:
         return self.dir / "eval_predictions.jsonl"
 
 
+def parse_arms(spec: str) -> list[tuple[str, float]]:
+    """``grpo,sgrpo:0.6,sgrpo:1.0`` -> [(estimator, alpha), ...] (ValueError naming a bad item)."""
+    arms = []
+    for item in (s.strip() for s in spec.split(",")):
+        name, _, alpha = item.partition(":")
+        if name == "grpo" and not alpha:
+            arms.append(("grpo", 0.0))
+            continue
+        try:
+            value = float(alpha)
+        except ValueError:
+            value = None
+        if name != "sgrpo" or value is None or not 0.0 <= value <= 1.0:
+            raise ValueError(f"--arms item {item!r}: write grpo or sgrpo:ALPHA with ALPHA in [0, 1]")
+        arms.append(("stratified_grpo", value))
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"--arms {spec!r} names an arm twice")
+    return arms
+
+
 def arms_for(args) -> list[Arm]:
-    """The arms a run trains, in order."""
+    """The arms a run trains, in order: ``--arms``, the two of ``--compare``, or the one of the
+    plain demo."""
     out = Path(args.out)
+    if getattr(args, "arms", None):
+        return [Arm("GRPO", "grpo", 0.0, out / "grpo") if est == "grpo" else
+                Arm(f"Stratified GRPO (alpha {a:g})", est, a, out / f"sgrpo_a{a:g}") for est, a in parse_arms(args.arms)]
     if not args.compare:
         label = "GRPO" if args.estimator == "grpo" else f"{args.estimator} (alpha {args.alpha:g})"
         return [Arm(label, args.estimator, args.alpha, out)]

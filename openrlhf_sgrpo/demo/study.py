@@ -1,0 +1,160 @@
+"""The GRPO vs Stratified GRPO study: seeds x arms on the demo's task, one table and one plot.
+
+For each seed, one demo run (``python -m openrlhf_sgrpo.demo --arms ...``: one warm-up, then every
+arm trained from the same warm-up weights, questions and number of steps) in ``OUT/seed_<s>``;
+then the held-out numbers after RL of every (seed, arm) are put in one table (mean ± standard
+deviation over seeds) and the training curves (mean over seeds) in one figure. The device and
+library versions go into ``study.json`` beside them, for docs/runner.md. Meant for a GPU
+(``examples/study/sgrpo_vs_grpo.py`` has the settings); ``--smoke`` runs it tiny on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+
+from openrlhf_sgrpo.eval.table import format_table
+
+DEFAULT_ARMS = "grpo,sgrpo:0.6,sgrpo:0.8,sgrpo:1.0"
+# (column, key of the held-out summary after RL)
+TABLE_KEYS = (("EM 1-hop", "hop1/em"), ("EM 2-hop", "hop2/em"), ("F1 2-hop", "hop2/f1"),
+              ("searches/q 2-hop", "hop2/search_calls"), ("2-search share 2-hop", "hop2/two_search_share"),
+              ("answered", "answered"))
+# (train metrics key, panel title)
+CURVE_KEYS = (("reward", "reward"), ("hop2/em", "EM on two-hop prompts"),
+              ("hop2/two_search_share", "two-search share on two-hop prompts"),
+              ("sgrpo/strata_per_prompt", "strata per prompt"))
+
+
+def seed_dir(out: Path, seed: int) -> Path:
+    return Path(out) / f"seed_{seed}"
+
+
+def run_seeds(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False) -> dict[int, dict]:
+    """One demo run per seed (resumed where its folder exists and ``resume``); its results dict."""
+    from openrlhf_sgrpo.demo.__main__ import parse_args, run
+
+    results = {}
+    for seed in seeds:
+        folder = seed_dir(out, seed)
+        argv = [*demo_args, "--arms", arms, "--seed", str(seed), "--out", str(folder)]
+        if resume and folder.exists():
+            argv.append("--resume")
+        print(f"\n##### seed {seed}: python -m openrlhf_sgrpo.demo {' '.join(argv)}", flush=True)
+        results[seed] = run(parse_args(argv))
+    return results
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def summarize(results: dict[int, dict]) -> dict[str, dict]:
+    """Per arm: n seeds, and mean/std over seeds of every TABLE_KEYS metric and the last step's reward."""
+    arms: dict[str, dict[str, list[float]]] = {}
+    for res in results.values():
+        for label, after in res["arms"].items():
+            cell = arms.setdefault(label, {})
+            for _, key in TABLE_KEYS:
+                cell.setdefault(key, []).append(after.get(key))
+            last = res["steps"][label][-1] if res["steps"][label] else {}
+            cell.setdefault("final_reward", []).append(last.get("reward"))
+    return {label: {"seeds": len(next(iter(cells.values()))),
+                    **{key: _stats(vals) for key, vals in cells.items()}} for label, cells in arms.items()}
+
+
+def study_table(summary: dict[str, dict], warmup: dict[str, float] | None = None) -> str:
+    """One row per arm (and the warm-up's starting point), mean ± std over seeds."""
+    cell = lambda ms: "nan" if math.isnan(ms[0]) else f"{ms[0]:.3f} ± {ms[1]:.3f}"  # noqa: E731
+    rows = []
+    if warmup:
+        rows.append(["after warm-up (start)", warmup["seeds"], *(cell(warmup[k]) for _, k in TABLE_KEYS), "-"])
+    for label, s in summary.items():
+        rows.append([label, s["seeds"], *(cell(s[k]) for _, k in TABLE_KEYS), cell(s["final_reward"])])
+    return format_table(["held-out after RL", "seeds", *(c for c, _ in TABLE_KEYS), "last-step reward"], rows)
+
+
+def warmup_summary(results: dict[int, dict]) -> dict | None:
+    cols = [r["after_warmup"] for r in results.values() if r.get("after_warmup")]
+    if not cols:
+        return None
+    return {"seeds": len(cols), **{k: _stats([c.get(k) for c in cols]) for _, k in TABLE_KEYS}}
+
+
+def plot_study(results: dict[int, dict], path: Path) -> Path:
+    """Training curves, mean over seeds per arm (a shaded band: ± one standard deviation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVE_KEYS), figsize=(4.2 * len(CURVE_KEYS), 3.6))
+    labels = list(next(iter(results.values()))["steps"])
+    for ax, (key, title) in zip(axes, CURVE_KEYS):
+        for label in labels:
+            by_step: dict[int, list[float]] = {}
+            for res in results.values():
+                for r in res["steps"].get(label, []):
+                    v = r.get(key)
+                    if v is not None and not math.isnan(float(v)):
+                        by_step.setdefault(r["step"], []).append(float(v))
+            steps = sorted(by_step)
+            if not steps:
+                continue
+            means = [_stats(by_step[s])[0] for s in steps]
+            stds = [_stats(by_step[s])[1] for s in steps]
+            ax.plot(steps, means, label=label, lw=1.4)
+            ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
+                            alpha=0.15)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"GRPO vs Stratified GRPO, {len(results)} seed(s), mean ± std", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def environment() -> dict[str, str]:
+    """Device and versions to record beside the table."""
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+           "machine": platform.machine(), "cpu_count": str(__import__("os").cpu_count())}
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name(0)
+        env["cuda"] = str(torch.version.cuda)
+    else:
+        env["device"] = "cpu"
+    try:
+        import vllm
+
+        env["vllm"] = vllm.__version__
+    except Exception:  # noqa: BLE001 - not installed or not importable here: recorded as absent
+        env["vllm"] = "absent"
+    return env
+
+
+def write_study(results: dict[int, dict], out: Path, argv: list[str]) -> str:
+    """``study_table.md``, ``study.png`` and ``study.json`` under ``out``; returns the table."""
+    summary = summarize(results)
+    table = study_table(summary, warmup_summary(results))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "study_table.md").write_text(table + "\n")
+    plot_study(results, out / "study.png")
+    (out / "study.json").write_text(json.dumps({
+        "argv": argv, "environment": environment(), "seeds": sorted(results),
+        "summary": {label: {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
+                    for label, s in summary.items()},
+        "per_seed": {str(seed): {"after_warmup": r["after_warmup"], "arms": r["arms"]} for seed, r in results.items()},
+    }, indent=1))
+    return table
