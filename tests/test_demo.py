@@ -38,6 +38,7 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     for row in ("EM two-hop", "searches / question two-hop", "two-search share, two-hop", "answered"):
         assert row in text
     assert "EM 2-hop" in text and "strata/prompt" in text and "expert trajectories" in text
+    assert "0 naming a held-out entity" in text  # training searches the train pairs' passages only
     assert "peak RSS MiB" in text and "previous stage peak RSS" in text
     assert (out / "report.png").stat().st_size > 10_000
     checks = json.loads((out / "task_checks.json").read_text())
@@ -78,6 +79,8 @@ def check_hop_metrics(run_dir, train: list[dict]) -> None:
     """Each step's logged per-hop numbers are those of its recorded trajectories (every group is
     recorded: --record-groups 8 >= 2 prompts), the hop read from the question id."""
     recs = records(run_dir)
+    html = (run_dir / "rollouts.html").read_text()
+    assert 'data-key="hop1/em"' in html or 'data-key="hop2/em"' in html  # the inspector's by-hop curves
     for r in train:
         samples = [(hop_of_qid(g["prompt_id"]), s) for g in recs[f"train/{r['step']}"] for s in g["samples"]]
         for h in (1, 2):

@@ -49,6 +49,11 @@ def test_answers_are_unique_and_held_out_facts_never_appear_in_training():
     for name in entity_names(TASK.heldout_pairs):
         assert not mentions(train_text, name), name
     assert not {q.qid for q in TASK.train} & {q.qid for q in TASK.heldout}
+    # training searches the train pairs' passages only: no held-out fact, not even as a distractor
+    train_corpus = " ".join(f"{t} {text}" for t, text in TASK.train_passages())
+    assert len(TASK.train_passages()) == 2 * len(TASK.train_pairs)
+    for name in entity_names(TASK.heldout_pairs):
+        assert not mentions(train_corpus, name), name
 
 
 def test_held_out_is_half_two_hop_and_train_is_half_two_hop():

@@ -32,6 +32,8 @@ non-zero update hold by construction.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -62,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heldout", type=int, default=None, help="held-out questions, half two-hop (default 48; smoke 4)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 8; smoke 2)")
     p.add_argument("--warmup-steps", type=int, default=None,
-                   help="supervised steps before RL (default 8; smoke 6; 0: none; see demo/warm.py)")
-    p.add_argument("--warmup-lr", type=float, default=5e-5)
+                   help="supervised steps before RL (default 16; smoke 6; 0: none; see demo/warm.py)")
+    p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-batch", type=int, default=4)
     p.add_argument("--demos", type=int, default=64, help="expert demonstrations run for the warm-up")
     p.add_argument("--prompts-per-step", type=int, default=2)
@@ -102,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.heldout = (4 if smoke else 48) if args.heldout is None else args.heldout
     args.steps = (2 if smoke else 8) if args.steps is None else args.steps
     args.train_pairs = (8 if smoke else 200) if args.train_pairs is None else args.train_pairs
-    args.warmup_steps = (6 if smoke else 8) if args.warmup_steps is None else args.warmup_steps
+    args.warmup_steps = (6 if smoke else 16) if args.warmup_steps is None else args.warmup_steps
     if smoke:
         args.warmup_lr = 1e-2
         args.demos = min(args.demos, 16)
@@ -197,6 +199,29 @@ def _make_engine(args, model, tok):
                               seed=args.seed)
 
 
+@contextlib.contextmanager
+def _services(args, index: Path, train_index: Path | None, template: str):
+    """Retriever(s) and sandbox on loopback; yields the agent configs of evaluation and training.
+
+    Training searches its own index where the task has one (the training pairs' passages), so no
+    held-out passage reaches the policy while it learns; evaluation searches everything."""
+    from agent_env.config import AgentConfig
+    from openrlhf_sgrpo.local.services import local_services
+
+    with contextlib.ExitStack() as stack:
+        urls = stack.enter_context(local_services(index))
+        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
+        cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
+                          max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward,
+                          format_reward=True)
+        train_cfg = cfg
+        if train_index is not None:
+            train_url = stack.enter_context(local_services(train_index, sandbox=False)).retriever_url
+            print(f"retriever for training (train pairs' passages only) {train_url}")
+            train_cfg = dataclasses.replace(cfg, retriever_url=train_url)
+        yield cfg, train_cfg
+
+
 def _make_rollout(args, engine, tok, agent_cfg, script=None):
     from openrlhf_sgrpo.local.rollout import AgentRollout
 
@@ -238,8 +263,9 @@ def _needs_warmup(args, arms) -> bool:
 WARM_WEIGHTS = "warmup_policy.pt"
 
 
-def _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger) -> tuple[dict, list[dict]]:
-    """Train one arm (from the warm-up weights under --compare) and evaluate it on held-out."""
+def _train_arm(args, arm, model, tok, rollouts, engine, data, stages, logger) -> tuple[dict, list[dict]]:
+    """Train one arm (from the warm-up weights under --compare) and evaluate it on held-out;
+    ``rollouts`` is (training's, evaluation's)."""
     from openrlhf_sgrpo.demo.hops import HopMetrics
     from openrlhf_sgrpo.demo.warm import load_warm_weights, weights_fingerprint
     from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
@@ -259,8 +285,9 @@ def _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger) -> 
         if latest_checkpoint(arm.dir / "checkpoints") is None and (args.out / WARM_WEIGHTS).exists():
             load_warm_weights(model, args.out / WARM_WEIGHTS)  # every arm starts from the same policy
     try:
-        trainer = LocalTrainer(model, tok, HopMetrics(rollout, data.hop_of_question()), data.train, tcfg, arm.dir,
-                               logger=logger)
+        train_rollout, rollout = rollouts
+        trainer = LocalTrainer(model, tok, HopMetrics(train_rollout, data.hop_of_question()), data.train, tcfg,
+                               arm.dir, logger=logger)
         if args.resume and trainer.resume():
             print(f"resumed at step {trainer.step}")
         else:
@@ -283,7 +310,6 @@ def _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger) -> 
 
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
-    from agent_env.config import AgentConfig
     from agent_env.templates import build_prompt
     from openrlhf_sgrpo.demo.arms import arms_for
     from openrlhf_sgrpo.demo.memory import StagePeaks
@@ -295,7 +321,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.local.heap import map_large_allocations
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
     from openrlhf_sgrpo.local.scripted import spread_script
-    from openrlhf_sgrpo.local.services import cached_index_for, local_services
+    from openrlhf_sgrpo.local.services import cached_index_for
     from openrlhf_sgrpo.local.step_log import StepLogger
 
     map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
@@ -313,6 +339,7 @@ def run(args: argparse.Namespace) -> dict:
     data = load_demo_data(args)
     stages("retriever index")
     index = Path(data.index) if data.index else cached_index_for(data.corpus)
+    train_index = cached_index_for(data.train_corpus) if data.train_corpus else None
     stages(f"services, expert demonstrations, policy ({args.model})")
     model, tok = load_policy(args.model, args.device, seed=args.seed)
     if args.gradient_checkpointing:  # before the warm-up, whose backward is as large as RL's
@@ -322,13 +349,9 @@ def run(args: argparse.Namespace) -> dict:
     logger = StepLogger(out, run_name=out.name, config={k: str(v) for k, v in vars(args).items()})
     checks: dict = {}
     arm_results: dict[str, tuple[dict, list[dict]]] = {}
-    with local_services(index) as urls:
-        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
-        agent_cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
-                                max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens,
-                                reward=args.reward, format_reward=True)
+    with _services(args, index, train_index, template) as (agent_cfg, train_cfg):
         if data.task is not None:
-            recall = measure_recall(urls.retriever_url, list(data.task.heldout), k=agent_cfg.topk)
+            recall = measure_recall(agent_cfg.retriever_url, list(data.task.heldout), k=agent_cfg.topk)
             checks["recall"] = vars(recall)
             print(recall.describe())
             leaks = leaked_answers(data.task)
@@ -336,10 +359,11 @@ def run(args: argparse.Namespace) -> dict:
                 raise ValueError(f"held-out answers occur in training questions: {leaks[:5]}")
         warm_needed = _needs_warmup(args, arms)
         # before the rollout below: each AgentRollout instruments the process-wide tool clients
-        demos = (demonstrations(args, data, tok, prompt_fn, lambda engine: _make_rollout(args, engine, tok, agent_cfg))
+        demos = (demonstrations(args, data, tok, prompt_fn, lambda engine: _make_rollout(args, engine, tok, train_cfg))
                  if warm_needed else None)
         engine = _make_engine(args, model, tok)
-        rollout = _make_rollout(args, engine, tok, agent_cfg, script=spread_script if args.smoke else None)
+        rollout = _make_rollout(args, engine, tok, agent_cfg)  # evaluation: greedy, never scripted
+        train_rollout = _make_rollout(args, engine, tok, train_cfg, script=spread_script if args.smoke else None)
         try:
             stages(f"evaluate held-out ({len(data.heldout)} questions) before training")
             before = _evaluate(args, rollout, "before", data.heldout, out / "eval_predictions.jsonl", out,
@@ -366,8 +390,10 @@ def run(args: argparse.Namespace) -> dict:
                 # a resumed run shows the recorded column (its weights now include RL steps)
                 warm = _recorded(out / "eval_predictions.jsonl", "warmup", data.heldout) if args.warmup_steps else None
             for arm in arms:
-                arm_results[arm.label] = _train_arm(args, arm, model, tok, rollout, engine, data, stages, logger)
+                arm_results[arm.label] = _train_arm(args, arm, model, tok, (train_rollout, rollout), engine, data,
+                                                    stages, logger)
         finally:
+            train_rollout.close()
             rollout.close()
             logger.close()
             peaks.close()

@@ -4,8 +4,9 @@ Each training question's expert turns (:func:`~openrlhf_sgrpo.demo.synth_task.ex
 through the agent, the retriever and the tokenizer exactly as a rollout does
 (:class:`~openrlhf_sgrpo.local.warmup.ExpertEngine` in the engine's place), so the warm-up fits
 the token sequences RL will sample, observations included. Kept: demonstrations that end with
-the right answer (the retriever showed every hop's passage) and whose text names no held-out
-entity (a retrieved distractor could), so held-out facts stay unseen by construction.
+the right answer (the retriever showed every hop's passage). The demo's training retriever holds
+the training pairs' passages only, so no held-out name can appear; a demonstration that names one
+anyway (another corpus, a changed generator) is dropped and counted, never trained on.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ from openrlhf_sgrpo.local.data import Question, load_flashrag_jsonl
 class DemoData:
     train: list[Question]
     heldout: list[Question]
-    corpus: str | Path | None
+    corpus: str | Path | None  # what evaluation searches
     index: str | None
+    train_corpus: str | Path | None  # what training searches (None: the same as evaluation)
     task: SynthTask | None  # None for --data
 
     def hop_of_question(self) -> dict[str, int]:
@@ -38,9 +39,10 @@ def load_demo_data(args) -> DemoData:
         if len(qs) <= args.heldout:
             raise ValueError(f"--data has {len(qs)} questions, not more than --heldout {args.heldout}")
         print(f"{args.data}: {len(qs)} questions; train {len(qs) - args.heldout}, held-out {args.heldout}")
-        return DemoData(qs[args.heldout:], qs[: args.heldout], args.corpus, args.index, None)
+        return DemoData(qs[args.heldout:], qs[: args.heldout], args.corpus, args.index, None, None)
     task = build_task(args.train_pairs, args.heldout, seed=args.task_seed)
     corpus = write_corpus(task, cache_dir() / "demo")
+    train_corpus = write_corpus(task, cache_dir() / "demo", train_only=True)
     one = sum(q.n_hops == 1 for q in task.heldout)
     print(f"generated task (seed {task.seed}): {len(task.passages)} passages about {len(task.train_pairs)} train + "
           f"{len(task.heldout_pairs)} held-out person-town pairs; train {len(task.train)} questions "
@@ -48,5 +50,7 @@ def load_demo_data(args) -> DemoData:
           f"({one} one-hop, {len(task.heldout) - one} two-hop)")
     q = next(q for q in task.heldout if q.n_hops == 2)
     print(f"e.g. {q.question} -> search {q.hops[0].query!r}, then {q.hops[1].query!r} -> {q.answer}")
+    print(f"training searches the {len(task.train_passages())} passages of the train pairs; evaluation all "
+          f"{len(task.passages)}")
     return DemoData([q.as_question() for q in task.train], [q.as_question() for q in task.heldout], corpus,
-                    args.index, task)
+                    args.index, train_corpus, task)

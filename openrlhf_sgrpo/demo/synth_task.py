@@ -27,7 +27,10 @@ for the second hop, from the first observation):
 A two-hop question names only the person; the town's passage never mentions the person, so the
 answer is one search further away (the demo's recall check measures how rarely one search
 reaches it). Pairs are split into train and held-out *before* questions are made, so held-out
-questions use entities the training questions never name. Everything is a pure function of the
+questions use entities the training questions never name; and training (the warm-up's
+demonstrations, the RL rollouts) searches a corpus of the training pairs' passages only, while
+evaluation searches all of them, so no held-out fact is ever shown to the policy while it learns,
+not even as a retrieved distractor. Everything is a pure function of the
 seed: the same seed gives the same world, corpus bytes and questions on any machine.
 """
 
@@ -131,6 +134,11 @@ class SynthTask:
 
     def hops_by_id(self) -> dict[str, int]:
         return {q.qid: q.n_hops for q in (*self.train, *self.heldout)}
+
+    def train_passages(self) -> tuple[tuple[str, str], ...]:
+        """The passages of the training pairs only: the corpus training searches (see module doc)."""
+        titles = {t for p in self.train_pairs for t in (p.person, p.town)}
+        return tuple(p for p in self.passages if p[0] in titles)
 
 
 def hop_of_qid(qid: str) -> int | None:
@@ -245,10 +253,12 @@ def build_task(n_train_pairs: int = 200, n_heldout: int = 48, seed: int = 0) -> 
     return SynthTask(seed, tuple(passages), tuple(train), tuple(heldout), tuple(train_pairs), tuple(held_pairs))
 
 
-def write_corpus(task: SynthTask, out_dir: Path) -> Path:
-    """Write (or reuse) the task's corpus jsonl, named by its content digest (its index cache key)."""
+def write_corpus(task: SynthTask, out_dir: Path, train_only: bool = False) -> Path:
+    """Write (or reuse) the task's corpus jsonl (every passage, or the training pairs' only), named
+    by its content digest (its index cache key)."""
+    passages = task.train_passages() if train_only else task.passages
     rows = [json.dumps({"id": str(i), "contents": make_contents(t, text)}, ensure_ascii=False)
-            for i, (t, text) in enumerate(task.passages)]
+            for i, (t, text) in enumerate(passages)]
     text = "\n".join(rows) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,10 @@ from html import escape
 CURVES: tuple[tuple[str, str], ...] = (
     ("reward", "reward"),
     ("em", "exact match"),
+    # by hop count, where the run knows it (the demo's generated task: demo/hops.py)
+    ("hop1/em", "EM, one-hop prompts"),
+    ("hop2/em", "EM, two-hop prompts"),
+    ("hop2/two_search_share", "two searches, two-hop prompts"),
     ("tool_calls", "tool calls / trajectory"),
     ("sgrpo/strata_per_prompt", "strata per prompt"),
     ("sgrpo/constant_group_share", "no-variance groups"),
