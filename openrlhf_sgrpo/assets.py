@@ -121,15 +121,21 @@ def load_qwen2_tokenizer():
     return tok
 
 
+TINY_HEAD_DIM = 32  # the smallest head size vLLM's CPU attention accepts (16 kills it at the first forward)
+
+
 def tiny_qwen2(seed: int = 0, hidden: int = 64, layers: int = 2):
-    """A randomly initialised Qwen2 (≈9.8M params) paired with the real tokenizer, for fast tests."""
+    """A randomly initialised Qwen2 (≈9.8M params) paired with the real tokenizer, for fast tests.
+
+    Heads of :data:`TINY_HEAD_DIM` so that vLLM can serve it too (hidden 64: 2 heads, 1 KV head)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     tok = load_qwen2_tokenizer()
     cfg = Qwen2Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        num_attention_heads=max(1, hidden // TINY_HEAD_DIM), num_key_value_heads=max(1, hidden // TINY_HEAD_DIM // 2),
+        max_position_embeddings=4096,
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)

@@ -109,17 +109,21 @@ def test_missing_dataset_file_is_a_clear_error(tmp_path, capsys):
 
 
 def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path):
-    """This machine has no vLLM: the CLI must say so (exit 2) before loading a model or a server.
-
-    A fresh interpreter, so no test's import stubs for vllm can make it look installed.
-    """
+    """Where vLLM cannot be imported, ``--engine vllm`` says so (exit 2) before loading a model or a
+    server, and ``--engine auto`` would fall back to HF. A fresh interpreter in which ``import vllm``
+    fails, as on a machine without it."""
     import subprocess
     import sys
 
     data = tmp_path / "d.jsonl"
     data.write_text('{"id": "a", "question": "Q?", "golden_answers": ["x"]}\n')
-    proc = subprocess.run([sys.executable, "-m", "openrlhf_sgrpo.eval", "--engine", "vllm", "--data", str(data),
-                           "--retriever-url", "http://127.0.0.1:9/retrieve", "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=300)
+    argv = ["--engine", "vllm", "--data", str(data), "--retriever-url", "http://127.0.0.1:9/retrieve",
+            "--out", str(tmp_path / "o")]
+    code = ("import sys; sys.modules['vllm'] = None\n"
+            "from openrlhf_sgrpo.engine import resolve_engine\n"
+            "name, note = resolve_engine('auto'); assert name == 'hf' and 'not installed' in note, (name, note)\n"
+            "from openrlhf_sgrpo.eval.__main__ import main\n"
+            f"sys.exit(main({argv!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "--engine vllm needs vLLM" in proc.stderr and "--engine hf" in proc.stderr
+    assert "--engine vllm: vLLM is not installed" in proc.stderr and "--engine hf" in proc.stderr

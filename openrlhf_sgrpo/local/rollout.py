@@ -24,9 +24,9 @@ from agent_env import info_keys as K
 from agent_env.config import AgentConfig
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
+from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.local.experience import Sample, tensorize_response
 from openrlhf_sgrpo.local.heap import release_freed_memory
-from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.local.scripted import FirstTurnForced, FirstTurnScript
 from openrlhf_sgrpo.local.timing import IntervalRecorder, rollout_timing
 
@@ -127,6 +127,13 @@ class AgentRollout:
         tools.sandbox = TimedTool(_unwrap(tools.sandbox), "code", "run", self.recorder)
         self.tools = tools
         self.loop = asyncio.new_event_loop()
+
+    def sync_weights(self, model) -> float:
+        """Give the engine ``model``'s current weights (a no-op for the HF engine, which generates
+        with the model itself); returns the seconds it took."""
+        start = time.monotonic()
+        self.engine.engine.sync_weights(model)
+        return time.monotonic() - start
 
     def run(self, prompts: list[str], golds: list[list[str]], n: int = 1, greedy: bool = False,
             desc: str = "rollout", progress: bool = True) -> RolloutResult:

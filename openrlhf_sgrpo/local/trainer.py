@@ -2,7 +2,8 @@
 
 One step mirrors OpenRLHF's (``make_experience``, then ``ActorPPOTrainer.ppo_train``):
   1. rollout     — ``n_samples`` trajectories for each of ``prompts_per_step`` questions through
-                   OpenRLHF's agent executor and the HF engine (:mod:`.rollout`);
+                   OpenRLHF's agent executor and the engine (vLLM, or the HF fallback;
+                   :mod:`.rollout`, :mod:`openrlhf_sgrpo.engine`);
   2. experience  — strata, the stratified estimator, the paper monitors, token-level returns,
                    CalibAdv over whole prompt groups, and the sampling policy's log-probs (plus the
                    reference's), all once, before any update (:mod:`.experience_maker`);
@@ -14,7 +15,10 @@ One step mirrors OpenRLHF's (``make_experience``, then ``ActorPPOTrainer.ppo_tra
                    (+ SAPO, + KL to a frozen reference if ``kl_coef > 0``). From the second
                    optimizer step on, the ratio to the old policy departs from 1, so clipping
                    and SAPO can act;
-  4. log + checkpoint, and with ``record_groups`` the step's first prompt groups as rollout
+  4. weight sync — the engine gets the updated weights before the next rollout, as OpenRLHF's
+                   ``broadcast_to_vllm`` after each training step (vLLM: a shared-memory file,
+                   :mod:`openrlhf_sgrpo.engine.weight_sync`; the HF engine uses the model itself);
+  5. log + checkpoint, and with ``record_groups`` the step's first prompt groups as rollout
      records for ``python -m openrlhf_sgrpo.inspect``. ``train_step`` returns a :class:`StepResult` holding every per-sample
      quantity of the step in one place.
 Unlike OpenRLHF's replay buffer, which shuffles single samples, the shuffle here moves whole
@@ -213,6 +217,7 @@ class LocalTrainer:
         self.step, self.stream.cursor = int(state["step"]), int(state["cursor"])
         if self.ref_model is not None and (path / "reference.pt").exists():
             self.ref_model.load_state_dict(torch.load(path / "reference.pt", weights_only=True))
+        self.rollout.sync_weights(self.model)  # the engine generates with the checkpoint's weights
         log.info("resumed from %s at step %d", path, self.step)
         return True
 
@@ -266,6 +271,8 @@ class LocalTrainer:
                                   self.ref_model)
         with Stopwatch() as upd_time:
             updates, sample_updates = self._ppo_train(exp, step)
+        # the next rollout samples from the updated policy, as OpenRLHF's broadcast_to_vllm after fit
+        sync_s = self.rollout.sync_weights(self.model) if updates else 0.0
         self.step, self._mid_update = step, False
         adv = exp.advantage
         record = {
@@ -279,6 +286,7 @@ class LocalTrainer:
             **adv.metrics, **exp.calibadv_stats, **_mean_over_updates(updates), **result.timing,
             "optimizer_steps": len(updates), "updates": updates, "lr": cfg.lr,
             "time/experience_s": exp_time.seconds, "time/update_s": upd_time.seconds,
+            "time/weight_sync_s": sync_s,
         }
         record = self.logger.log(step, record)
         if cfg.record_groups:

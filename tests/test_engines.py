@@ -1,0 +1,208 @@
+"""The single-machine engines side by side: vLLM (its CPU build here) and the HF fallback.
+
+The policy is the fitted tiny Qwen2 of ``tests/fitted_policy.py`` (one decisive first action per
+question), so what the tests compare holds by construction. The vLLM engine is built as the
+runner, the demo and the eval CLI build it (:func:`openrlhf_sgrpo.engine.build_engine`), in
+fp32 like the training model, so greedy tokens can be compared with the HF engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agent_env import info_keys as K
+from agent_env.actions import STOP_STRINGS
+from agent_env.config import AgentConfig
+from agent_env.templates import build_prompt
+from openrlhf_sgrpo.engine import build_engine, vllm_unavailable_reason
+from openrlhf_sgrpo.engine.sampling import SamplingParams
+from openrlhf_sgrpo.engine.weight_sync import leftover_files
+
+_NO_VLLM = vllm_unavailable_reason()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_NO_VLLM is not None, reason=f"vLLM engine tests: {_NO_VLLM}")]
+CORPUS = [
+    {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
+    {"id": "2", "contents": '"Nile"\nThe Nile flows north through Cairo into the Mediterranean.'},
+    {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
+]
+MAX_LEN = 512
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    folder = fitted_policy_dir()
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), \
+        AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def shm_before() -> set[str]:
+    return _shm()
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(policy, shm_before):
+    folder, model, tok = policy
+    engine = build_engine("vllm", model, tok, model_path=folder, max_batch=16, max_model_len=MAX_LEN,
+                          dtype="float32", enforce_eager=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    from openrlhf_sgrpo.local.services import cached_index_for, local_services
+
+    corpus = tmp_path_factory.mktemp("engines") / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in CORPUS))
+    with local_services(cached_index_for(corpus, progress=False), topk=2) as urls:
+        yield urls
+
+
+def _prompt_ids(tok, question: str) -> list[int]:
+    return tok(build_prompt(TEMPLATE, question, tok), add_special_tokens=False).input_ids
+
+
+def _generate(engine, prompts: list[list[int]], params: SamplingParams) -> list:
+    async def all_at_once():
+        return await asyncio.gather(*[engine.generate(p, params) for p in prompts])
+    return asyncio.run(all_at_once())
+
+
+def test_stop_strings_end_the_turn_and_the_budget_cuts_it(vllm_engine, policy):
+    _, _, tok = policy
+    prompts = [_prompt_ids(tok, q) for q, _ in QUESTIONS]
+    stop = SamplingParams(temperature=0.0, max_tokens=24, stop=list(STOP_STRINGS), include_stop_str_in_output=True)
+    search, code, answer = _generate(vllm_engine, prompts, stop)
+    assert search.outputs[0].text == "<search> france </search>" and search.outputs[0].finish_reason == "stop"
+    assert code.outputs[0].text.endswith("</code>") and code.outputs[0].finish_reason == "stop"
+    assert answer.outputs[0].text.startswith("<answer>") and answer.outputs[0].text.endswith("</answer>")
+    # the text is the decoded tokens, closer included (the agent keeps it in the trajectory)
+    assert tok.decode(search.outputs[0].token_ids) == search.outputs[0].text
+    (cut,) = _generate(vllm_engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=3, stop=list(STOP_STRINGS),
+                                                                include_stop_str_in_output=True))
+    assert len(cut.outputs[0].token_ids) == 3 and cut.outputs[0].finish_reason == "length"
+
+
+def test_greedy_tokens_agree_with_the_hf_engine(vllm_engine, policy):
+    """fp32 on both sides: the same greedy tokens, up to a near-tie of the top two logits (none
+    happens in the fitted actions; the free-running tail after them is reported, not required)."""
+    _, model, tok = policy
+    prompts = [_prompt_ids(tok, q) for q, _ in QUESTIONS]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    ours = _generate(vllm_engine, prompts, params)
+    theirs = _generate(build_engine("hf", model, tok, max_batch=4), prompts, params)
+    agree = []
+    for a, b in zip(ours, theirs):
+        x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
+        same = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+        agree.append(same)
+        action = len(tok("<search> france </search>", add_special_tokens=False).input_ids)
+        assert same >= action, (same, tok.decode(x), tok.decode(y))
+    print(f"greedy tokens identical before the first difference: {agree} of 32")
+
+
+def _rollout(engine, tok, urls) -> list:
+    from openrlhf_sgrpo.local.rollout import AgentRollout
+
+    cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=TEMPLATE,
+                      max_turns=2, topk=2, max_obs_tokens=48)
+    rollout = AgentRollout(engine, tok, cfg, MAX_LEN, max_tokens_per_turn=16)
+    try:
+        return rollout.run([q for q, _ in QUESTIONS], [[g] for _, g in QUESTIONS], n=1, greedy=True,
+                           progress=False).samples
+    finally:
+        rollout.close()
+
+
+def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine, policy, services):
+    """OpenRLHF's executor with our agent and the real tools, greedy, once per engine: the first
+    turn (the fitted action) gives the same tokens, mask, turn kind and tool call on both."""
+    _, model, tok = policy
+    ours, theirs = _rollout(vllm_engine, tok, services), _rollout(build_engine("hf", model, tok), tok, services)
+    assert [s.info[K.turn_kind_key(0)] for s in ours] == [K.KIND_SEARCH, K.KIND_CODE, K.KIND_ANSWER]
+    for a, b in zip(ours, theirs):
+        assert a.info[K.turn_kind_key(0)] == b.info[K.turn_kind_key(0)]
+        end = int(a.info[K.turn_end_key(0)])
+        assert end == int(b.info[K.turn_end_key(0)])
+        assert a.sequences[:end].tolist() == b.sequences[:end].tolist()
+        assert a.action_mask[: end - 1].tolist() == b.action_mask[: end - 1].tolist()
+    search, code, _ = ours
+    assert search.info[K.SEARCH_CALLS] >= 1 and code.info[K.CODE_CALLS] >= 1
+    assert f"<result>{CODE_OUTPUT}" in tok.decode(code.sequences)  # the sandbox ran print(6 * 7)
+    # the observation after the first turn is the tools' (deterministic), so it is the same too
+    same = [a.sequences.tolist() == b.sequences.tolist() for a, b in zip(ours, theirs)]
+    print(f"whole trajectories identical on both engines: {sum(same)} of {len(same)}")
+
+
+def test_sync_weights_changes_then_restores_greedy_output(vllm_engine, policy):
+    _, model, tok = policy
+    prompts = [_prompt_ids(tok, QUESTIONS[0][0])]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    before = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "layers.1.mlp" in name:
+                    p.neg_()
+                if name.endswith("embed_tokens.weight"):
+                    p.mul_(3.0)
+        assert vllm_engine.sync_weights(model) == len(saved)
+        changed = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(saved[name])
+        vllm_engine.sync_weights(model)
+    restored = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
+    assert list(changed) != list(before)
+    assert list(restored) == list(before)
+    assert leftover_files() == []
+
+
+def test_close_leaves_no_shared_memory_behind(vllm_engine, shm_before):
+    """Last in the module: the engine's processes and their shared-memory queues are gone."""
+    import time
+
+    vllm_engine.close()
+    deadline = time.monotonic() + 60
+    while _shm() - shm_before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _shm() - shm_before == set()
+
+
+def test_eval_cli_runs_on_vllm(tmp_path, capsys, policy):
+    """``python -m openrlhf_sgrpo.eval --engine vllm`` on three questions: the fitted policy searches,
+    runs code and answers against the real retriever and sandbox."""
+    from openrlhf_sgrpo.eval.__main__ import main
+
+    folder, _, _ = policy
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in CORPUS))
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": str(i), "question": q, "golden_answers": [g]}) + "\n"
+                            for i, (q, g) in enumerate(QUESTIONS)))
+    out = tmp_path / "eval"
+    assert main(["--engine", "vllm", "--model", str(folder), "--corpus", str(corpus), "--data", f"toy={data}",
+                 "--template", TEMPLATE, "--max-turns", "2", "--max-len", str(MAX_LEN),
+                 "--max-tokens-per-turn", "16", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == "vllm" and summary["qa"]["toy"]["n"] == 3
+    preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 3 and sum(p["search_calls"] for p in preds) >= 1
+    assert "| toy " in capsys.readouterr().out
+    assert Path(out / "predictions.jsonl").exists()
