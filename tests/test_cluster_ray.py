@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 
-from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
 
 _NO_VLLM = vllm_unavailable_reason()
@@ -46,18 +46,13 @@ ALPHA = 0.6
 MAX_TURNS = 2
 TOKENS_PER_TURN = 16
 MAX_LEN = 512
-QUESTIONS = [("which city is the capital of france", "Paris"),
-             ("which river flows through cairo", "Nile"),
-             ("who wrote the play hamlet", "Shakespeare")]
 CORPUS = [
     {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
     {"id": "2", "contents": '"Nile"\nThe Nile flows north through Cairo into the Mediterranean.'},
     {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
     {"id": "4", "contents": '"Berlin"\nBerlin is the capital of Germany.'},
 ]
-STOPS = ("</search>", "</code>", "</answer>")
-# vLLM's CPU attention needs a head size of at least 32: hidden 128 over 4 heads
-POLICY_HIDDEN = 128
+TEMPERATURE = 0.5
 
 
 def _ray_module():
@@ -80,23 +75,11 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def policy_dir(workdir) -> Path:
-    """A tiny Qwen2 fitted to the action format: of 4 first actions 2 search, 1 runs code and 1
-    answers, so every batch of 12 reaches the retriever and the sandbox (the chance that a
-    batch misses one is below 1e-3 for any seed or CPU)."""
-    from openrlhf_sgrpo.local.warmup import format_warmup
-
-    model, tok = assets.tiny_qwen2(seed=0, hidden=POLICY_HIDDEN)
-    pairs = []
-    for question, gold in QUESTIONS:
-        pairs += [(question, f" <search> {question.split()[-1]} </search>")] * 2
-        pairs += [(question, " <code> print(6 * 7) </code>")]
-        pairs += [(question, f" <answer> {gold} </answer>")]
-    format_warmup(model, tok, [], steps=80, pairs=pairs, batch_size=8)
-    out = workdir / "policy"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def policy_dir() -> Path:
+    """The fitted tiny Qwen2 of ``tests/fitted_policy.py``: the first question searches, the second
+    runs code, the third answers (gold or wrong, half and half). Sampled at temperature 0.5, every
+    batch reaches the retriever and the sandbox by construction, not by a lucky draw."""
+    return fitted_policy_dir()
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +113,7 @@ def args(workdir, policy_dir, services, agent_func_path):
     data.write_text("".join(json.dumps({"question": q, "answers": [g]}) + "\n" for q, g in QUESTIONS))
     config = workdir / "agent_config.yaml"
     config.write_text(f"retriever_url: {services.retriever_url}\nsandbox_url: {services.sandbox_url}\n"
-                      f"template: none\nmax_turns: {MAX_TURNS}\ntopk: 2\n"
+                      f"template: {TEMPLATE}\nmax_turns: {MAX_TURNS}\ntopk: 2\nmax_obs_tokens: 48\n"
                       f"max_tokens_per_turn: {TOKENS_PER_TURN}\nreward: em\n")
     os.environ["SGRPO_AGENT_CONFIG"] = str(config)  # forwarded to every Ray worker by ray_runtime_env()
     return parse_config([
@@ -139,6 +122,7 @@ def args(workdir, policy_dir, services, agent_func_path):
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "2",
         "--vllm.num_engines", "1", "--vllm.enforce_eager",
         "--data.max_len", str(MAX_LEN), "--rollout.max_new_tokens", str(TOKENS_PER_TURN),
+        "--rollout.temperature", str(TEMPERATURE),
         "--rollout.batch_size", str(len(QUESTIONS)), "--rollout.n_samples_per_prompt", str(N),
         "--rollout.micro_batch_size", "2", "--train.batch_size", str(len(QUESTIONS) * N),
         "--train.micro_batch_size", "2", "--algo.kl.init_coef", "0",
@@ -454,8 +438,9 @@ def _check_engine_contract(raw: list[dict], tokenizer) -> None:
 
 
 def _check_rollout_log_probs_align(raw: list[dict], policy_dir: Path) -> None:
-    """The engine's log-probs (bf16) match the policy's own (fp32 forward) token by token; the same
-    values shifted by one position do not: the alignment OpenRLHF's IS correction needs."""
+    """The engine's log-probs (bf16, of the tempered distribution: vLLM's ``processed_logprobs``)
+    match the policy's own (fp32 forward, same temperature) token by token; the same values
+    shifted by one position do not: the alignment OpenRLHF's IS correction needs."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
@@ -463,15 +448,17 @@ def _check_rollout_log_probs_align(raw: list[dict], policy_dir: Path) -> None:
     with torch.no_grad():
         for r in raw:
             seq = torch.tensor([r["sequence"]])
-            logp = torch.log_softmax(model(seq).logits[0, :-1].float(), -1).gather(1, seq[0, 1:, None])[:, 0]
+            logits = model(seq).logits[0, :-1].float() / TEMPERATURE
+            logp = torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0]
             cols = [i for i, m in enumerate(r["action_mask"]) if m]
             ours = torch.tensor([r["rollout_log_probs"][i] for i in cols])
             aligned.append((logp[cols] - ours).abs())
             shifted.append((logp[[c - 1 for c in cols]] - ours).abs())
     aligned, shifted = torch.cat(aligned), torch.cat(shifted)
-    assert float(aligned.median()) < 0.1, float(aligned.median())
-    assert float(shifted.median()) > 5 * float(aligned.median()) + 0.05, (float(aligned.median()),
-                                                                           float(shifted.median()))
+    # a fitted policy is nearly certain of most tokens (log p ~ 0 both ways), so the means tell:
+    # bf16 against fp32 stays within a few hundredths; one position off is off by nats
+    assert float(aligned.mean()) < 0.05, float(aligned.mean())
+    assert float(shifted.mean()) > 10 * float(aligned.mean()) + 0.1, (float(aligned.mean()), float(shifted.mean()))
 
 
 @needs_vllm
@@ -507,7 +494,7 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, engine
     assert sum(r["info"][K.SEARCH_CALLS] for r in raw) > 0 and searches >= 1
     assert sum(r["info"][K.CODE_CALLS] for r in raw) > 0  # the sandbox ran the policy's code
     tok = AutoTokenizer.from_pretrained(policy_dir)
-    assert any("42" in tok.decode(r["sequence"]) for r in raw if r["info"][K.CODE_CALLS] > 0)
+    assert any(f"<result>{CODE_OUTPUT}" in tok.decode(r["sequence"]) for r in raw)  # print(6 * 7) ran there
     assert all(set(K.metadata_keys(MAX_TURNS, 2)) <= set(r["info"]) for r in raw)  # the agent's whole record
     _check_engine_contract(raw, tok)
     _check_rollout_log_probs_align(raw, policy_dir)
