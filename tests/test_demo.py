@@ -40,6 +40,12 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     assert "EM 2-hop" in text and "strata/prompt" in text and "expert trajectories" in text
     assert "0 naming a held-out entity" in text  # training searches the train pairs' passages only
     assert "peak RSS MiB" in text and "previous stage peak RSS" in text
+    from openrlhf_sgrpo.engine import vllm_unavailable_reason
+
+    engine = "hf" if vllm_unavailable_reason() else "vllm"  # the default, auto, takes vLLM where it runs
+    assert f"{engine} engine" in text
+    if engine == "vllm":  # every step's update reached the engine before the next rollout
+        assert all(r["time/weight_sync_s"] > 0 for r in read_step_log(out / "metrics.jsonl", "train"))
     assert (out / "report.png").stat().st_size > 10_000
     checks = json.loads((out / "task_checks.json").read_text())
     assert checks["recall"]["hop1"] == 1.0 and checks["recall"]["hop2"] == 1.0  # 32 passages, exact names
@@ -96,7 +102,7 @@ def check_hop_metrics(run_dir, train: list[dict]) -> None:
 @pytest.mark.slow
 def test_smoke_compare_trains_both_arms_from_the_same_warm_up(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert main(["--smoke", "--compare", "--out", str(out), *SEED]) == 0
+    assert main(["--smoke", "--compare", "--engine", "hf", "--out", str(out), *SEED]) == 0  # HF: the fallback
     text = capsys.readouterr().out
     assert "[9/9]" in text
     assert "| GRPO " in text and "Stratified GRPO (alpha 0.8)" in text
@@ -177,7 +183,8 @@ def test_smoke_demo_on_a_multi_hop_set_with_its_own_corpus(tmp_path, capsys):
     if not (qa.exists() and corpus.exists()):
         pytest.skip("../shared/data absent: the HotpotQA sample and its corpus live outside the repo")
     out = tmp_path / "run"
-    assert main(["--smoke", "--data", str(qa), "--corpus", str(corpus), "--out", str(out), *SEED]) == 0
+    assert main(["--smoke", "--data", str(qa), "--corpus", str(corpus), "--engine", "hf", "--out", str(out),
+                 *SEED]) == 0
     text = capsys.readouterr().out
     assert "[7/7]" in text and "held-out metric" in text
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]

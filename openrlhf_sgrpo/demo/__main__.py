@@ -55,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="arms to train from the same warm-up, e.g. grpo,sgrpo:0.6,sgrpo:1.0 (the study script's)")
     p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
+                   help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
+                        "vLLM where it runs, else HF with the reason")
+    p.add_argument("--kv-cache-gb", type=float, default=1.0,
+                   help="vLLM's KV-cache size on a CPU, GiB (held-out and rollouts fit in well under 1 GiB)")
     p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
     p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
     p.add_argument("--index", default=None, help="an existing retriever index folder")
@@ -192,11 +197,17 @@ class Stages:
 
 
 def _make_engine(args, model, tok):
-    """The generation engine the rollouts sample from."""
-    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
+    """The generation engine the rollouts sample from: vLLM (from a saved copy of the policy, then
+    synced to ``model``'s weights) or the HF fallback, which samples from ``model`` itself."""
+    from openrlhf_sgrpo.engine import build_engine
+    from openrlhf_sgrpo.local.models import policy_folder
 
-    return HFGenerationEngine(model, tok, max_batch=max(args.concurrency, args.prompts_per_step * args.n_samples),
-                              seed=args.seed)
+    max_batch = max(args.concurrency, args.prompts_per_step * args.n_samples)
+    if args.engine == "hf":
+        return build_engine("hf", model, tok, seed=args.seed, max_batch=max_batch)
+    return build_engine("vllm", model, tok, model_path=policy_folder(args.model), seed=args.seed,
+                        max_batch=max_batch, max_model_len=args.max_len,
+                        kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)), enforce_eager=True)
 
 
 @contextlib.contextmanager
@@ -317,6 +328,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.demo.report import heldout_table, plot_curves, steps_table
     from openrlhf_sgrpo.demo.task_checks import closed_book, leaked_answers, measure_recall
     from openrlhf_sgrpo.demo.warm import demonstrations, save_warm_weights, warm_up
+    from openrlhf_sgrpo.engine import resolve_engine
     from openrlhf_sgrpo.inspect.report import write_report
     from openrlhf_sgrpo.local.heap import map_large_allocations
     from openrlhf_sgrpo.local.models import TINY_QWEN2, load_policy
@@ -325,6 +337,9 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.local.step_log import StepLogger
 
     map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
+    args.engine, note = resolve_engine(args.engine)  # a named engine that cannot run fails here, first
+    if note:
+        print(note)
     out = args.out
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")
@@ -340,7 +355,7 @@ def run(args: argparse.Namespace) -> dict:
     stages("retriever index")
     index = Path(data.index) if data.index else cached_index_for(data.corpus)
     train_index = cached_index_for(data.train_corpus) if data.train_corpus else None
-    stages(f"services, expert demonstrations, policy ({args.model})")
+    stages(f"services, expert demonstrations, policy ({args.model}), {args.engine} engine")
     model, tok = load_policy(args.model, args.device, seed=args.seed)
     if args.gradient_checkpointing:  # before the warm-up, whose backward is as large as RL's
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -395,6 +410,7 @@ def run(args: argparse.Namespace) -> dict:
         finally:
             train_rollout.close()
             rollout.close()
+            engine.close()
             logger.close()
             peaks.close()
     (out / "task_checks.json").write_text(json.dumps(checks, indent=1))
@@ -422,6 +438,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from openrlhf_sgrpo.engine.vllm import VLLMUnavailable
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     try:
@@ -430,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume"
               + (f" --arms {args.arms}" if args.arms else " --compare" if args.compare else ""), file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,7 +1,8 @@
 """Peak resident memory (RSS) and wall time per demo stage, printed with the demo's output.
 
-A daemon thread samples this process's RSS from ``/proc/self/statm`` every 20 ms and keeps the
-maximum of the current stage. The kernel's own high-water mark (``VmHWM``, what
+A daemon thread samples the RSS of this process *and its descendants* (the vLLM engine runs in
+two child processes, the sandbox in others) from ``/proc/<pid>/statm`` every 20 ms and keeps the
+maximum of the current stage: the memory the demo really holds, not only its Python process. The kernel's own high-water mark (``VmHWM``, what
 ``/usr/bin/time -v`` reports) is process-wide and cannot be split per stage without resetting
 it, which would falsify ``time -v``'s number; a short spike between two samples can be missed,
 so the process peak (``getrusage``) is printed beside the table. Without ``/proc`` (macOS) the
@@ -23,12 +24,34 @@ _STATM = Path("/proc/self/statm")
 _MB = 1 << 20
 
 
-def rss_mb() -> float | None:
-    """Current resident set size of this process in MiB (None without /proc)."""
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from the kernel's per-thread ``children`` lists)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for tasks in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                kids = [int(k) for k in tasks.read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _rss_pages(pid: int | str) -> int:
     try:
-        return int(_STATM.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / _MB
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1])
     except (OSError, ValueError, IndexError):
+        return 0  # a process that just ended
+
+
+def rss_mb() -> float | None:
+    """Resident set size of this process and all its descendants in MiB (None without /proc)."""
+    if not _STATM.exists():
         return None
+    pages = _rss_pages("self") + sum(_rss_pages(pid) for pid in _descendants(os.getpid()))
+    return pages * os.sysconf("SC_PAGE_SIZE") / _MB
 
 
 def process_peak_mb() -> float:
@@ -86,5 +109,5 @@ class StagePeaks:
 
     def table(self) -> str:
         rows = [[name, wall, peak] for name, wall, peak in self.rows]
-        body = format_table(["stage", "wall s", "peak RSS MiB"], rows, floatfmt="{:.0f}")
-        return f"{body}\nprocess peak RSS (getrusage): {process_peak_mb():.0f} MiB"
+        body = format_table(["stage", "wall s", "peak RSS MiB (demo + child processes)"], rows, floatfmt="{:.0f}")
+        return f"{body}\npeak RSS of the demo's own process (getrusage): {process_peak_mb():.0f} MiB"

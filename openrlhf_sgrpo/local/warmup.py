@@ -26,10 +26,10 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
+from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput
 from openrlhf_sgrpo.local.data import Question
 from openrlhf_sgrpo.local.experience import Batch, Sample, collate
 from openrlhf_sgrpo.local.loss import action_log_probs
-from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput
 from openrlhf_sgrpo.local.trainer import make_optimizer
 
 
