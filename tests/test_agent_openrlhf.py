@@ -1,8 +1,10 @@
 """OpenRLHF's real executor driven by the real tiny Qwen2 through HFGenerationEngine, then the
 real `SamplesGenerator._process_response_into_experience` and replay-buffer batching.
 
-Only the `vllm` import is stubbed (OpenRLHF's samples_generator imports it at module level),
-the way OpenRLHF's own tests do.
+OpenRLHF's samples_generator imports `vllm` at module level. Where vLLM is installed the real one
+is used; elsewhere only that import is stubbed, the way OpenRLHF's own tests do, and every module
+imported under the stub is dropped afterwards: a later test (the cluster tests) must import
+OpenRLHF's vllm_engine against the real vLLM, not a module bound to the stub.
 """
 
 import asyncio
@@ -19,6 +21,7 @@ from agent_env.config import config_from_dict
 from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.engine import vllm_unavailable_reason
 from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 from openrlhf_sgrpo.engine.sampling import SamplingParams
 
@@ -30,6 +33,12 @@ def tiny():
 
 @pytest.fixture()
 def samples_generator(monkeypatch):
+    if vllm_unavailable_reason() is None:
+        from openrlhf.trainer.ppo_utils import samples_generator
+
+        yield samples_generator
+        return
+    imported_before = set(sys.modules)
     vllm = types.ModuleType("vllm")
     vllm.SamplingParams = SamplingParams
     inputs, utils = types.ModuleType("vllm.inputs"), types.ModuleType("vllm.utils")
@@ -39,7 +48,9 @@ def samples_generator(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     from openrlhf.trainer.ppo_utils import samples_generator
 
-    return samples_generator
+    yield samples_generator
+    for name in set(sys.modules) - imported_before:  # bound to the stub: never reuse them
+        del sys.modules[name]
 
 
 @pytest.mark.slow
