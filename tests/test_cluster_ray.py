@@ -31,78 +31,50 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 
-from openrlhf_sgrpo.engine import vllm_unavailable_reason
+pytest.register_assert_rewrite("cluster_world")  # its checks report like this module's
+from cluster_world import (
+    WORKER_SITE,
+    check_engine_contract,
+    cpu_actor_trainer,
+    experiences_of,
+    generator_batch,
+    greedy,
+    needs_vllm,
+    sample_record,
+    scramble_,
+    shm_files,
+    trainer_kwargs,
+)
+from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 
-_NO_VLLM = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
-needs_vllm = pytest.mark.skipif(_NO_VLLM is not None, reason=f"vLLM engine path: {_NO_VLLM}")
+# workdir, policy_dir, services, agent_func_path, cluster, engines, shm_before_engines: this
+# module's own (module-scoped), built on this module's ``args``
+pytest_plugins = ("cluster_world",)
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER_SITE = Path(__file__).with_name("ray_worker_site")
 N = 4  # samples per prompt
 ALPHA = 0.6
 MAX_TURNS = 2
 TOKENS_PER_TURN = 16
 MAX_LEN = 512
-CORPUS = [
-    {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
-    {"id": "2", "contents": '"Nile"\nThe Nile flows north through Cairo into the Mediterranean.'},
-    {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
-    {"id": "4", "contents": '"Berlin"\nBerlin is the capital of Germany.'},
-]
 TEMPERATURE = 0.5
 
-
-def _ray_module():
-    import ray
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
-    return ray
-
-
-def _shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+# the shared helpers under the names this module's tests use
+_shm_files = shm_files
+_trainer_kwargs = trainer_kwargs
+_cpu_actor_trainer = cpu_actor_trainer
+_greedy = greedy
+_sample_record = sample_record
+_experiences_of = experiences_of
+_async_generator_samples = generator_batch
 
 
 # ---------------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cluster")
-
-
-@pytest.fixture(scope="module")
-def policy_dir() -> Path:
-    """The fitted tiny Qwen2 of ``tests/fitted_policy.py``: the first question searches, the second
-    runs code, the third answers (gold or wrong, half and half). Sampled at temperature 0.5, every
-    batch reaches the retriever and the sandbox by construction, not by a lucky draw."""
-    return fitted_policy_dir()
-
-
-@pytest.fixture(scope="module")
-def services(workdir):
-    from openrlhf_sgrpo.local.services import cached_index_for, local_services
-
-    corpus = workdir / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in CORPUS))
-    with local_services(cached_index_for(corpus, progress=False), sandbox=True, topk=2) as urls:
-        yield urls
-
-
-@pytest.fixture(scope="module")
 def retriever(services) -> str:
     return services.retriever_url
-
-
-@pytest.fixture(scope="module")
-def agent_func_path() -> str:
-    """The very path the launch scripts pass to --train.agent_func_path (examples/lib/launch.sh)."""
-    out = subprocess.run(["bash", "-c", "source examples/lib/launch.sh && agent_func_path"], cwd=REPO,
-                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -134,71 +106,6 @@ def args(workdir, policy_dir, services, agent_func_path):
     ])
 
 
-@pytest.fixture(scope="module")
-def cluster(args):
-    """A local Ray cluster with 4 fake GPUs, started by the CLI's start_ray; torn down after."""
-    import importlib
-
-    from openrlhf_sgrpo.cli.train_ppo_ray import start_ray
-    from openrlhf_sgrpo.openrlhf_ext.actors import DRIVER_REPLACEMENTS, ENGINE_FACTORY
-
-    ray = _ray_module()
-    saved_env = dict(os.environ)
-    restore = [*DRIVER_REPLACEMENTS, ENGINE_FACTORY]
-    upstream = {key: getattr(importlib.import_module(key[0]), key[1]) for key in restore}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")]))
-    # vLLM's CPU build: a 1 GiB KV cache, threads not pinned (forwarded to the workers by start_ray)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    start_ray(num_cpus=16, num_gpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        os.environ.clear()
-        os.environ.update(saved_env)
-        for (module, name), cls in upstream.items():
-            setattr(importlib.import_module(module), name, cls)
-
-
-def _create_engines_as_train_does(args) -> list:
-    """OpenRLHF 0.11.2's ``train()`` call, argument for argument (no colocation: no shared pg), made
-    through the name ``train()`` resolves, which ``start_ray`` pointed at our tracked factory."""
-    import openrlhf.cli.train_ppo_ray as upstream_cli
-
-    return upstream_cli.create_vllm_engines(
-        args.vllm.num_engines, args.vllm.tensor_parallel_size, args.actor.model_name_or_path, args.train.seed,
-        args.train.full_determinism_enable, args.vllm.enable_prefix_caching, args.vllm.enforce_eager,
-        args.data.max_len, None, args.vllm.gpu_memory_utilization, args.vllm.enable_sleep,
-        "processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,
-        agent_func_path=args.train.agent_func_path, remote_rm_url=args.reward.remote_url,
-        max_images_per_prompt=getattr(args.data, "max_images_per_prompt", 0))
-
-
-@pytest.fixture(scope="module")
-def shm_before_engines(cluster) -> set[str]:
-    return _shm_files()
-
-
-@pytest.fixture(scope="module")
-def engines(cluster, args, shm_before_engines):
-    """One vLLM engine for the module (it takes ~1 min to start on 2 cores)."""
-    if _NO_VLLM:
-        pytest.skip(f"vLLM engine path: {_NO_VLLM}")
-    from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
-
-    made = _create_engines_as_train_does(args)
-    assert cluster.get(made[0].get_num_unfinished_requests.remote()) == 0  # waits for the engine to be up
-    yield made
-    shutdown_engines(made)
-
-
-def _trainer_kwargs(args) -> dict:
-    """The generate kwargs OpenRLHF's train() passes to PPOTrainer.remote (0.11.2)."""
-    return dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-                temperature=args.rollout.temperature, top_p=args.rollout.top_p)
-
-
 # ---------------------------------------------------------------------------- in the workers
 
 def _rank_report(actor) -> dict:
@@ -213,31 +120,9 @@ def _rank_report(actor) -> dict:
             "sapo_active": sapo_patch_active()}
 
 
-def _cpu_actor_trainer(args, model, vllm_engines=None):
-    """An ``ActorPPOTrainer`` built in this process as the policy actor builds it, minus CUDA."""
-    from types import SimpleNamespace
-
-    from openrlhf.trainer.ray import ppo_actor
-
-    ppo_actor.torch_dist_barrier_and_cuda_sync = lambda: None  # CUDA-only
-    ppo_actor.NaiveReplayBuffer = lambda *a, **k: None  # pins to cuda:N in its constructor
-    optim = torch.optim.SGD(model.parameters(), lr=0.0)
-    actor = SimpleNamespace(model=SimpleNamespace(module=model))  # DeepSpeed's engine wraps the HF model
-    return ppo_actor.ActorPPOTrainer(SimpleNamespace(args=args), actor, None, optim, None,
-                                     vllm_engines=vllm_engines)
-
-
 def _sapo_loss_of_a_new_actor_trainer(actor, args) -> str:
     """Inside a policy actor: the loss class of an ActorPPOTrainer built in this process."""
     return type(_cpu_actor_trainer(args, torch.nn.Linear(1, 1)).actor_loss_fn).__name__
-
-
-def _greedy(engine, prompt_ids: list[int], tokens: int = 12) -> list[int]:
-    import ray
-    import vllm
-
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    return list(ray.get(engine.generate.remote(prompt_ids, params)).outputs[0].token_ids)
 
 
 def _broadcast_changes_then_restores_greedy_output(actor, args, policy_dir: str, engines, prompt_ids) -> dict:
@@ -253,12 +138,7 @@ def _broadcast_changes_then_restores_greedy_output(actor, args, policy_dir: str,
     trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)  # non-colocated: a sync group is asked for
     before = _greedy(engines[0], prompt_ids)
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with torch.no_grad():  # a known change: every weight of the last MLP flips sign, the embedding scales
-        for name, p in model.named_parameters():
-            if "layers.1.mlp" in name:
-                p.neg_()
-            if name.endswith("embed_tokens.weight"):
-                p.mul_(3.0)
+    scramble_(model)
     trainer.broadcast_to_vllm()
     changed = _greedy(engines[0], prompt_ids)
     with torch.no_grad():
@@ -282,30 +162,10 @@ def _async_training_actor_maker_class(trainer) -> str:
     return ray.get(trainer.trainer_actor.__ray_call__.remote(_maker_class))
 
 
-def _sample_record(s) -> dict:
-    return {"prompt": s.prompts[0], "reward": float(s.rewards[0]),
-            "info": {k: float(v[0]) for k, v in s.info.items()},
-            "sequence": s.sequences[0].tolist(), "action_mask": s.action_mask[0].tolist(),
-            "rollout_log_probs": None if s.rollout_log_probs is None else s.rollout_log_probs[0].tolist()}
-
-
-def _experiences_of(maker, samples) -> list:
-    experiences = maker.split_rollout_samples(samples)
-    for e in experiences:  # stand-in for make_experience's CUDA-only actor/reference forwards
-        e.kl = torch.zeros(e.action_mask.shape, dtype=torch.float32)
-    return maker.compute_advantages_and_returns(experiences)
-
-
 def _rollout_to_experiences(trainer):
     """Inside the sync trainer: OpenRLHF's SamplesGenerator → split → our advantages."""
     samples, _, _, _ = trainer.samples_generator.generate_samples(**trainer.generate_kwargs)
     return [_sample_record(s) for s in samples], _experiences_of(trainer.experience_maker, samples)
-
-
-def _async_generator_samples(generator):
-    """Inside the async trainer's GenerateSamplesActor: one batch, as its fit() loop makes it."""
-    samples, _, prompts_consumed, _ = generator.samples_generator.generate_samples(**generator.generate_kwargs)
-    return samples, prompts_consumed
 
 
 def _async_rollout_to_experiences(trainer):
@@ -410,31 +270,7 @@ def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, engin
 
 def _check_engine_contract(raw: list[dict], tokenizer) -> None:
     """What the agent relies on from the engine, read off the finished trajectories."""
-    from agent_env import info_keys as K
-
-    for r in raw:
-        seq, mask = r["sequence"], r["action_mask"]
-        assert len(seq) <= MAX_LEN  # the total budget
-        turns = [k for k in range(K.max_turn_slots(MAX_TURNS)) if r["info"][K.turn_kind_key(k)] != K.PAD]
-        assert 1 <= len(turns) <= K.max_turn_slots(MAX_TURNS)
-        action_cols = set()
-        for k in turns:
-            start, end = int(r["info"][K.turn_start_key(k)]), int(r["info"][K.turn_end_key(k)])
-            assert 0 < end - start <= TOKENS_PER_TURN  # the per-turn budget
-            text = tokenizer.decode(seq[start:end])
-            kind = K.KIND_NAMES[int(r["info"][K.turn_kind_key(k)])]
-            if kind in ("search", "code", "answer"):  # the turn ended at its closer, nothing after it
-                closer = f"</{kind}>"
-                assert closer in text and text.rstrip().endswith(closer), (kind, text)
-            action_cols |= set(range(start - 1, end - 1))  # action_mask column i is sequence token i + 1
-        # the action mask is exactly the turns' tokens: tool observations and the prompt are masked out
-        assert {i for i, m in enumerate(mask) if m} == action_cols
-        # a rollout log-prob exists for every action token (a real one: log p < 0 ... up to 0 for
-        # a certain token) and is the placeholder 0.0 on every observation token
-        lp = r["rollout_log_probs"]
-        assert lp is not None and len(lp) == len(mask)
-        assert all(lp[i] == 0.0 for i in range(len(mask)) if not mask[i])
-        assert all(lp[i] <= 0.0 for i in action_cols) and any(lp[i] < 0.0 for i in action_cols)
+    check_engine_contract(raw, tokenizer, max_len=MAX_LEN, max_turns=MAX_TURNS, tokens_per_turn=TOKENS_PER_TURN)
 
 
 def _check_rollout_log_probs_align(raw: list[dict], policy_dir: Path) -> None:

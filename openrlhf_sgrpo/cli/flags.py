@@ -80,9 +80,62 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     if adv.estimator in STRATIFIED_ESTIMATORS and args.rollout.n_samples_per_prompt < 2:
         errors.append(f"--algo.advantage.estimator {adv.estimator} needs --rollout.n_samples_per_prompt >= 2, "
                       f"got {args.rollout.n_samples_per_prompt}")
+    errors.extend(_stratified_option_errors(args))
+    errors.extend(_is_correction_errors(args))
     errors.extend(_rollout_engine_errors(args))
     for _, validate in _EXTENSIONS:
         errors.extend(validate(args))
+    return errors
+
+
+# Why --algo.advantage.no_std_norm cannot change these estimators (it only drops the std from
+# stratified_reinforce's batch whitening, as it does for upstream's reinforce_baseline).
+_NO_STD_NORM_REASON = {
+    "stratified_grpo": "its GN and SAN terms divide by the prompt's and the stratum's std by definition "
+                       "(--algo.advantage.sgrpo_std picks the convention)",
+    "stratified_rloo": "leave-one-out advantages are never divided by a std",
+}
+
+
+def _stratified_option_errors(args: SimpleNamespace) -> list[str]:
+    """OpenRLHF options a stratified estimator would silently ignore: refused, each message naming
+    both flags and why (the README's table "OpenRLHF options with our estimators")."""
+    adv = args.algo.advantage
+    if adv.estimator not in STRATIFIED_ESTIMATORS:
+        return []
+    ours = f"--algo.advantage.estimator {adv.estimator}"
+    errors = []
+    if adv.gamma != 1.0:
+        errors.append(f"--algo.advantage.gamma {adv.gamma} does not apply to {ours}: its advantage is one number "
+                      f"per trajectory, given to every action token undiscounted (OpenRLHF resets gamma to 1 for its "
+                      f"group estimators too); leave gamma at 1")
+    if adv.lambd != 1.0:
+        errors.append(f"--algo.advantage.lambd {adv.lambd} does not apply to {ours}: lambda is GAE's "
+                      f"(--algo.advantage.estimator gae, with a critic)")
+    if adv.no_std_norm and adv.estimator in _NO_STD_NORM_REASON:
+        errors.append(f"--algo.advantage.no_std_norm has no effect on {ours}: {_NO_STD_NORM_REASON[adv.estimator]}; "
+                      f"it only drops the std from stratified_reinforce's batch whitening")
+    if args.reward.normalize_enable and args.train.agent_func_path:
+        errors.append(f"--reward.normalize_enable does nothing with {ours} and --train.agent_func_path: it normalizes "
+                      f"a reward model's scores, and here the agent gives the rewards (no reward model runs)")
+    return errors
+
+
+def _is_correction_errors(args: SimpleNamespace) -> list[str]:
+    """The two rules OpenRLHF 0.11.2's ``PolicyLoss`` enforces only when every policy actor builds
+    it, on a running cluster; refused here at parse time instead (checked against PolicyLoss itself
+    in tests/test_cli.py)."""
+    adv = args.algo.advantage
+    level, mode, gating = adv.is_correction_level, adv.is_correction_mode, adv.is_correction_gating
+    errors = []
+    if mode == "clip" and (level == "seq" or gating != "ratio"):
+        errors.append(f"--algo.advantage.is_correction_mode clip needs --algo.advantage.is_correction_level token "
+                      f"and --algo.advantage.is_correction_gating ratio (got {level} and {gating}): only a per-token "
+                      f"ratio is a weight that can be clamped; use mode mask")
+    if gating != "ratio" and level != "off" and adv.is_correction_threshold[0] > 0:
+        errors.append(f"--algo.advantage.is_correction_gating {gating} takes one upper bound, "
+                      f"--algo.advantage.is_correction_threshold DELTA, not LOW HIGH "
+                      f"({' '.join(map(str, adv.is_correction_threshold))}): a divergence has no lower band")
     return errors
 
 

@@ -58,6 +58,14 @@ class SGRPOPPOTrainerImpl(_StratifiedMakerMixin, _plain(ppo_trainer.PPOTrainer))
 class SGRPOTrainingActorImpl(_StratifiedMakerMixin, _plain(ppo_trainer_async.TrainingActor)):
     """The training half of OpenRLHF's async trainer with our experience maker."""
 
+    def broadcast_to_vllm(self) -> None:
+        """Upstream's, reached through our class. Ray ships an actor class by value with a wrapper
+        around every method it finds; an inherited upstream method travels as a copy whose
+        zero-argument ``super()`` names a copy of ``TrainingActor``, which our class (imported in
+        the worker) does not derive from: TypeError at the first weight sync of every async run.
+        Defined here, the method travels by reference and ``super()`` is the worker's own."""
+        super().broadcast_to_vllm()
+
 
 SGRPOPPOTrainer = _remote_like(ppo_trainer.PPOTrainer, SGRPOPPOTrainerImpl)
 SGRPOTrainingActor = _remote_like(ppo_trainer_async.TrainingActor, SGRPOTrainingActorImpl)
