@@ -438,6 +438,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the demo's own tables and bars, not vLLM's start-up log
     from openrlhf_sgrpo.engine.vllm import VLLMUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
