@@ -27,11 +27,20 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
-from fitted_policy import fitted_policy_dir, scramble_  # noqa: F401 (re-exported)
+from fitted_policy import fitted_policy_dir
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
 
 NO_VLLM = vllm_unavailable_reason()
+
+# The world both cluster modules run: samples per prompt, SGRPO alpha, tool turns, tokens per
+# turn, context, sampling temperature.
+N = 4  # samples per prompt
+ALPHA = 0.6
+MAX_TURNS = 2
+TOKENS_PER_TURN = 16
+MAX_LEN = 512
+TEMPERATURE = 0.5
 needs_vllm = pytest.mark.skipif(NO_VLLM is not None, reason=f"vLLM engine path: {NO_VLLM}")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,6 +183,17 @@ def cpu_actor_trainer(args, model, vllm_engines=None, strategy=None, scheduler=N
     actor = model if isinstance(model, Actor) else SimpleNamespace(model=SimpleNamespace(module=model))
     return ppo_actor.ActorPPOTrainer(strategy or SimpleNamespace(args=args), actor, None, optim, scheduler,
                                      vllm_engines=vllm_engines)
+
+
+def scramble_(model) -> None:
+    """A known, large weight change in place: every weight of the last MLP flips sign and the
+    embedding scales by 3, so the policy's output and log-probs move far from the fitted ones."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers.1.mlp" in name:
+                p.neg_()
+            if name.endswith("embed_tokens.weight"):
+                p.mul_(3.0)
 
 
 def greedy(engine, prompt_ids: list[int], tokens: int = 12) -> list[int]:

@@ -15,8 +15,6 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
 from openrlhf_sgrpo import assets
 
 TEMPLATE = "deep_research"  # search, code and answer
@@ -64,14 +62,3 @@ def fitted_policy_dir() -> Path:
     except OSError:  # another process published it first
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
-
-
-def scramble_(model) -> None:
-    """A known, large weight change in place: every weight of the last MLP flips sign and the
-    embedding scales by 3, so the policy's output and log-probs move far from the fitted ones."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layers.1.mlp" in name:
-                p.neg_()
-            if name.endswith("embed_tokens.weight"):
-                p.mul_(3.0)

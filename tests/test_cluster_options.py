@@ -48,12 +48,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
 # workdir, policy_dir, services, agent_func_path, cluster, engines: this module's own
 pytest_plugins = ("cluster_world",)
 
-N = 4  # samples per prompt
-ALPHA = 0.6
-MAX_TURNS = 2
-TOKENS_PER_TURN = 16
-MAX_LEN = 512
-TEMPERATURE = 0.5
+from cluster_world import ALPHA, MAX_LEN, MAX_TURNS, N, TEMPERATURE, TOKENS_PER_TURN  # noqa: E402
 ESTIMATORS = ("stratified_grpo", "stratified_rloo", "stratified_reinforce")
 (SEARCH_Q, _), (CODE_Q, _), (ANSWER_Q, _) = QUESTIONS
 # A one-word gold no answer can reach: an answer is one turn of at most TOKENS_PER_TURN tokens,

@@ -53,12 +53,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
 # module's own (module-scoped), built on this module's ``args``
 pytest_plugins = ("cluster_world",)
 
-N = 4  # samples per prompt
-ALPHA = 0.6
-MAX_TURNS = 2
-TOKENS_PER_TURN = 16
-MAX_LEN = 512
-TEMPERATURE = 0.5
+from cluster_world import ALPHA, MAX_LEN, MAX_TURNS, N, TEMPERATURE, TOKENS_PER_TURN  # noqa: E402
 
 # the shared helpers under the names this module's tests use
 _shm_files = shm_files
