@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cluster_world import scramble_
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -155,12 +156,7 @@ def test_sync_weights_changes_then_restores_greedy_output(vllm_engine, policy):
     before = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "layers.1.mlp" in name:
-                    p.neg_()
-                if name.endswith("embed_tokens.weight"):
-                    p.mul_(3.0)
+        scramble_(model)
         assert vllm_engine.sync_weights(model) == len(saved)
         changed = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
     finally:
