@@ -24,6 +24,7 @@ search-only templates never call it).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -86,6 +87,8 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         args += ["--sgrpo.rollout_engine", "hf", "--ds.attn_implementation", "sdpa"]
     else:
         args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
+        if importlib.util.find_spec("flash_attn") is None:  # flash-attn has no wheel for every CUDA torch
+            args += ["--ds.attn_implementation", "sdpa"]
     return args
 
 
@@ -118,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-6, help="actor learning rate")
     p.add_argument("--sapo-ratio-threshold", type=float, default=None,
                    help="run B's SAPO ratio threshold (default: SAPO's); near 1 makes the penalty fire in a short run")
+    p.add_argument("extra", nargs=argparse.REMAINDER,
+                   help="after --: more train_ppo_ray flags for both runs (e.g. -- --vllm.enforce_eager)")
     a = p.parse_args(argv)
+    extra = a.extra[1:] if a.extra[:1] == ["--"] else a.extra
     if a.steps < 1:
         p.error(f"--steps must be >= 1, got {a.steps}")
     out = Path(a.out).resolve()
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         config = agent_config(out, urls.retriever_url, urls.sandbox_url, a.template)
         env = {**os.environ, CONFIG_ENV: str(config)}
         for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
-            code = run_cli(cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold), env, a.dry_run)
+            code = run_cli(cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra, env, a.dry_run)
             if code != 0:
                 print(f"[gpu_smoke] run {run} failed with exit code {code}", file=sys.stderr)
                 return code

