@@ -96,7 +96,8 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
     assert result.step == 3 and result.record["step"] == 3
     # Everything per sample sits in the step result, in prompt order.
     exp = result.experience
-    assert len(exp.samples) == len(exp.token_advantages) == len(exp.old_log_probs) == len(result.sample_updates) == 8
+    assert len(exp.samples) == len(exp.token_advantages) == len(result.sample_updates) == 8
+    assert exp.old_log_probs is None  # one optimizer step per rollout: the update's own log-probs
     assert [s.scripted for s in exp.samples] == [True, True, True, False] * 2
     assert exp.advantage.advantages[0] > 0 and exp.advantage.advantages[4] > 0  # the gold answers
     assert torch.allclose(0.6 * exp.advantage.san + 0.4 * exp.advantage.gn, exp.advantage.advantages)

@@ -272,6 +272,39 @@ def test_gradient_accumulation_over_micro_batches_matches_one_big_batch(tiny, tm
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
+def test_one_update_per_rollout_scores_with_its_own_forward_as_the_separate_old_pass_would(tiny, tmp_path):
+    """One optimizer step over the whole rollout: the old log-probs are the update's own (detached),
+    so make_experience runs no forward of its own, and the loss and gradient are those the
+    separate no-grad pass gives (up to float noise between two forwards)."""
+    results = []
+    for from_update in (False, True):
+        trainer = _trainer(tiny, tmp_path / str(from_update), micro_batch_size=2)
+        assert trainer.cfg.single_update
+        forwards = []
+        hook = trainer.model.register_forward_hook(lambda *_: forwards.append(1))
+        samples = _samples([1.0, 0.0, 0.5, 0.0, 0.2, 1.0, 0.0, 0.7], [0, 0, 1, 1, 0, 1, 1, 0])
+        exp = make_experience(samples, 4, trainer.cfg.adv, trainer.model, trainer.pad_id, 2,
+                              old_from_update=from_update)
+        hook.remove()
+        assert (exp.old_log_probs is None) == from_update
+        items = [trainer._micro_batch(exp, list(range(lo, lo + 2))) for lo in range(0, 8, 2)]
+        stats = [trainer._backward(item, info, 4, [[] for _ in range(8)])
+                 for item, info in iter_grad_accum_global_norm(items, None, 4, lambda it: it.batch.action_mask)]
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results.append((len(forwards), sum(x["policy_loss"] for x in stats), grad, max(x["log_ratio_max"] for x in stats)))
+    (passes, loss, grad, lr_max), (passes_u, loss_u, grad_u, lr_max_u) = results
+    assert passes == 4 and passes_u == 0  # 8 samples in micro-batches of 2, or no pass at all
+    assert grad.abs().sum() > 0
+    assert abs(loss - loss_u) < 1e-5 and torch.allclose(grad, grad_u, atol=1e-6, rtol=1e-4)
+    assert lr_max < 1e-4 and lr_max_u == 0.0  # the ratio is 1: up to float noise, or exactly
+
+
+def test_several_updates_per_rollout_keep_the_separate_old_pass(tiny, tmp_path):
+    for cfg in ({"train_batch_size": 4}, {"max_epochs": 2}):
+        trainer = _trainer(tiny, tmp_path, micro_batch_size=2, **cfg)
+        assert not trainer.cfg.single_update and trainer.cfg.optimizer_steps_per_rollout == 2
+
+
 def test_train_config_names_bad_batch_sizes():
     with pytest.raises(ValueError, match="train_batch_size must divide the rollout batch"):
         TrainConfig(prompts_per_step=2, n_samples=4, train_batch_size=3)

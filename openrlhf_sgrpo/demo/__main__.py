@@ -58,8 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                    help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
                         "vLLM where it runs, else HF with the reason")
-    p.add_argument("--kv-cache-gb", type=float, default=1.0,
-                   help="vLLM's KV-cache size on a CPU, GiB (held-out and rollouts fit in well under 1 GiB)")
+    p.add_argument("--compact-heap", action="store_true",
+                   help="serve allocations >= 1 MB with their own mmap: ~0.7 GB less peak RSS in the update, "
+                        "~25%% slower (bench/update_allocator.py)")
+    p.add_argument("--kv-cache-gb", type=float, default=0.5,
+                   help="vLLM's KV-cache size on a CPU, GiB (0.5: ~11k tokens of SmolLM2 in fp32, enough for "
+                        "~15 held-out trajectories at once; 1.0 runs all 48 at once, ~10%% faster, 0.5 GB more)")
     p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
     p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
     p.add_argument("--index", default=None, help="an existing retriever index folder")
@@ -69,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heldout", type=int, default=None, help="held-out questions, half two-hop (default 48; smoke 4)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 8; smoke 2)")
     p.add_argument("--warmup-steps", type=int, default=None,
-                   help="supervised steps before RL (default 16; smoke 6; 0: none; see demo/warm.py)")
+                   help="supervised steps before RL (default 12; smoke 6; 0: none; see demo/warm.py)")
     p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-batch", type=int, default=4)
     p.add_argument("--demos", type=int, default=64, help="expert demonstrations run for the warm-up")
@@ -109,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.heldout = (4 if smoke else 48) if args.heldout is None else args.heldout
     args.steps = (2 if smoke else 8) if args.steps is None else args.steps
     args.train_pairs = (8 if smoke else 200) if args.train_pairs is None else args.train_pairs
-    args.warmup_steps = (6 if smoke else 16) if args.warmup_steps is None else args.warmup_steps
+    args.warmup_steps = (6 if smoke else 12) if args.warmup_steps is None else args.warmup_steps
     if smoke:
         args.warmup_lr = 1e-2
         args.demos = min(args.demos, 16)
@@ -336,7 +340,8 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.local.services import cached_index_for
     from openrlhf_sgrpo.local.step_log import StepLogger
 
-    map_large_allocations()  # see local/heap.py: ~0.7 GB less RSS in the update on CPU
+    if args.compact_heap:
+        map_large_allocations()  # local/heap.py: ~0.7 GB less RSS in the update, ~25 % slower on CPU
     args.engine, note = resolve_engine(args.engine)  # a named engine that cannot run fails here, first
     if note:
         print(note)

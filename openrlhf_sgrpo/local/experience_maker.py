@@ -127,7 +127,9 @@ class Experience:
     advantage: AdvantageResult
     returns: list[torch.Tensor]  # token advantages from the estimator's scalar (before CalibAdv)
     token_advantages: list[torch.Tensor]  # what the loss uses (after CalibAdv when enabled)
-    old_log_probs: list[torch.Tensor]  # the sampling policy's log-probs, computed once
+    # the sampling policy's log-probs, computed once; None when the update scores the rollout with
+    # the weights that sampled it (one optimizer step per rollout: see make_experience)
+    old_log_probs: list[torch.Tensor] | None
     ref_log_probs: list[torch.Tensor] | None
     calibadv_stats: dict[str, float] = field(default_factory=dict)
 
@@ -153,8 +155,15 @@ def policy_log_probs(model, samples: list[Sample], pad_id: int, micro_batch_size
 
 
 def make_experience(samples: list[Sample], n_samples_per_prompt: int, cfg: AdvantageConfig, model, pad_id: int,
-                    micro_batch_size: int, ref_model=None) -> Experience:
-    """Advantages, token advantages (+ CalibAdv over whole groups), old and reference log-probs."""
+                    micro_batch_size: int, ref_model=None, old_from_update: bool = False) -> Experience:
+    """Advantages, token advantages (+ CalibAdv over whole groups), old and reference log-probs.
+
+    ``old_from_update``: the caller updates with one optimizer step that sees every sample once,
+    so the weights that score each micro-batch in the update are still the weights that sampled
+    it (gradients only accumulate until that step). The old log-probs then equal the update's own
+    (detached) log-probs, and the no-grad forward pass that would compute them here, a fifth of
+    the update's compute with gradient checkpointing, is skipped: the loss, its gradient and the
+    ratio (exactly 1) are what that pass would give, up to float noise between two forwards."""
     adv = sample_advantages(samples, n_samples_per_prompt, cfg)
     mask = collate(samples, pad_id).action_mask
     returns = token_advantages(adv.advantages, mask)
@@ -162,7 +171,7 @@ def make_experience(samples: list[Sample], n_samples_per_prompt: int, cfg: Advan
     if cfg.calibadv is not None:
         final, calib_stats = apply_calibadv(returns, mask, samples, adv.advantages, n_samples_per_prompt,
                                             cfg.calibadv)
-    old = policy_log_probs(model, samples, pad_id, micro_batch_size)
+    old = None if old_from_update else policy_log_probs(model, samples, pad_id, micro_batch_size)
     ref = policy_log_probs(ref_model, samples, pad_id, micro_batch_size) if ref_model is not None else None
     return Experience(samples, adv, _rows(returns, samples), _rows(final, samples), old, ref,
                       {k: float(v) for k, v in calib_stats.items()})

@@ -109,6 +109,12 @@ class TrainConfig:
     def optimizer_steps_per_rollout(self) -> int:
         return self.max_epochs * self.rollout_batch_size // self.mini_batch_size
 
+    @property
+    def single_update(self) -> bool:
+        """One optimizer step sees every sample of the rollout once: nothing changes the weights
+        between sampling and scoring, so the update needs no separate old log-probs."""
+        return self.optimizer_steps_per_rollout == 1
+
 
 @dataclass
 class MicroBatch:
@@ -116,7 +122,7 @@ class MicroBatch:
 
     rows: list[int]
     batch: Batch
-    old_log_probs: torch.Tensor
+    old_log_probs: torch.Tensor | None  # None: the update's own detached log-probs (TrainConfig.single_update)
     advantages: torch.Tensor
     ref_log_probs: torch.Tensor | None
 
@@ -268,7 +274,7 @@ class LocalTrainer:
         samples = result.samples
         with Stopwatch() as exp_time:
             exp = make_experience(samples, cfg.n_samples, cfg.adv, self.model, self.pad_id, cfg.micro_batch_size,
-                                  self.ref_model)
+                                  self.ref_model, old_from_update=cfg.single_update)
         with Stopwatch() as upd_time:
             updates, sample_updates = self._ppo_train(exp, step)
         # the next rollout samples from the updated policy, as OpenRLHF's broadcast_to_vllm after fit
@@ -318,8 +324,8 @@ class LocalTrainer:
         batch = collate([exp.samples[i] for i in rows], self.pad_id)
         width = batch.action_mask.shape[1]
         ref = _pad([exp.ref_log_probs[i] for i in rows], width) if exp.ref_log_probs is not None else None
-        return MicroBatch(rows, batch, _pad([exp.old_log_probs[i] for i in rows], width),
-                          _pad([exp.token_advantages[i] for i in rows], width), ref)
+        old = _pad([exp.old_log_probs[i] for i in rows], width) if exp.old_log_probs is not None else None
+        return MicroBatch(rows, batch, old, _pad([exp.token_advantages[i] for i in rows], width), ref)
 
     def _ppo_train(self, exp: Experience, step: int) -> tuple[list[dict], list[list[dict]]]:
         """``max_epochs`` passes of mini-batch AdamW steps over one experience."""
@@ -333,7 +339,10 @@ class LocalTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         try:
             for _ in range(cfg.max_epochs):
-                order = self._group_order(n, generator)
+                # one optimizer step over the whole rollout: micro-batches of similar lengths pad
+                # less (the sum of their gradients does not depend on how samples are grouped)
+                order = (sorted(range(n), key=lambda i: exp.samples[i].total_length) if cfg.single_update
+                         else self._group_order(n, generator))
                 items = [self._micro_batch(exp, order[lo: lo + micro]) for lo in range(0, n, micro)]
                 window: list[tuple[MicroBatch, dict]] = []
                 for item, info in iter_grad_accum_global_norm(items, None, gas, lambda it: it.batch.action_mask):
@@ -355,7 +364,8 @@ class LocalTrainer:
         logp = action_log_probs(self.model, item.batch)
         device = logp.device
         info = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in info.items()}
-        old, adv, mask = item.old_log_probs.to(device), item.advantages.to(device), mask.to(device)
+        old = logp.detach() if item.old_log_probs is None else item.old_log_probs.to(device)
+        adv, mask = item.advantages.to(device), mask.to(device)
         ref = item.ref_log_probs.to(device) if item.ref_log_probs is not None else None
         loss, stats = self.objective(logp, old, adv, mask, info, ref_log_probs=ref)
         (loss / gas).backward()
