@@ -3,8 +3,8 @@
     .venv/bin/python bench/update_allocator.py [--model smollm2] [--samples 8] [--tokens 450] [--steps 2]
 
 Each setting runs in a fresh child process (glibc reads its tunables at start-up): ``default``
-(glibc as shipped: a dynamic mmap threshold that grows to 32 MB), ``mmap-1MB`` (the runner's old setting, :func:`openrlhf_sgrpo.local.heap.map_large_allocations`:
-RSS near the live tensors, but every freed tensor of 1 MB or more is unmapped and the next one
+(glibc as shipped: a dynamic mmap threshold that grows to 32 MB), ``mmap-1MB`` (the demo's
+``--compact-heap``, :func:`openrlhf_sgrpo.local.heap.map_large_allocations`: RSS near the live tensors, but every freed tensor of 1 MB or more is unmapped and the next one
 faults fresh pages in) and ``mmap-1MB+THP`` (the same with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``,
 so glibc asks for transparent huge pages on its mappings: one fault per 2 MB instead of per 4 kB
 where the kernel's THP mode is ``madvise``), ``mmap-4MB`` / ``mmap-8MB`` (fixed thresholds
@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # name -> (extra environment, mmap threshold in bytes or None for glibc's dynamic one)
-SETTINGS = {"default": ({}, None), "mmap-1MB": ({}, 1 << 20), "mmap-1MB+THP": ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, 1 << 20),
+SETTINGS = {"default": ({}, None), "mmap-1MB": ({}, 1 << 20),
+            "mmap-1MB+THP": ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, 1 << 20),
             "mmap-4MB": ({}, 4 << 20), "mmap-8MB": ({}, 8 << 20)}
 
 

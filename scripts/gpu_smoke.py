@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         config = agent_config(out, urls.retriever_url, urls.sandbox_url, a.template)
         env = {**os.environ, CONFIG_ENV: str(config)}
         for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
-            code = run_cli(cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra, env, a.dry_run)
+            flags = cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra
+            code = run_cli(flags, env, a.dry_run)
             if code != 0:
                 print(f"[gpu_smoke] run {run} failed with exit code {code}", file=sys.stderr)
                 return code

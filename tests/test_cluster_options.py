@@ -520,9 +520,12 @@ def test_partial_rollout_pause_between_tool_call_and_observation(cluster, args, 
         later_gaps.append((_mean_abs_gap(lp_new, r["rollout_log_probs"], later),
                            _mean_abs_gap(lp_old, r["rollout_log_probs"], later)))
     assert later_gaps, "no episode searched"
-    # turns after the observation came from the new weights only (bf16 engine vs fp32 here)
+    # Turns after the observation came from the new weights: far nearer to them than to the old.
+    # The engine computes in bf16 and this check in fp32; with the scrambled weights' large logits
+    # that alone leaves a gap to the new policy of < 0.1 nats a token where bf16 is emulated
+    # (AVX2) but 0.65-1.6 with native AVX-512 BF16 kernels, against ~27 to the old policy on both.
     for gap_new, gap_old in later_gaps:
-        assert gap_new < 0.1 and gap_old > 10 * gap_new + 0.1, later_gaps
+        assert gap_old > 10 and gap_old > 5 * gap_new, later_gaps
     assert min(first_turn_old) < 0.1, first_turn_old  # the held agent's search came from the old ones
     check_groups_and_advantages(pargs, samples, made)
 

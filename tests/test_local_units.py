@@ -291,7 +291,8 @@ def test_one_update_per_rollout_scores_with_its_own_forward_as_the_separate_old_
         stats = [trainer._backward(item, info, 4, [[] for _ in range(8)])
                  for item, info in iter_grad_accum_global_norm(items, None, 4, lambda it: it.batch.action_mask)]
         grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
-        results.append((len(forwards), sum(x["policy_loss"] for x in stats), grad, max(x["log_ratio_max"] for x in stats)))
+        results.append((len(forwards), sum(x["policy_loss"] for x in stats), grad,
+                        max(x["log_ratio_max"] for x in stats)))
     (passes, loss, grad, lr_max), (passes_u, loss_u, grad_u, lr_max_u) = results
     assert passes == 4 and passes_u == 0  # 8 samples in micro-batches of 2, or no pass at all
     assert grad.abs().sum() > 0

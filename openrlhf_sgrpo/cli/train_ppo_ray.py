@@ -112,8 +112,9 @@ def ray_runtime_env(hf_engines: bool = False) -> dict:
     :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). The one hook puts import-only stand-ins for missing
     GPU-only modules in each worker, which touches no CUDA: ``flash_attn`` on every path (OpenRLHF
     imports it at module level; it has no wheel for every CUDA torch), ``vllm`` too with
-    ``hf_engines`` (``--sgrpo.rollout_engine hf``). The agent's variables are forwarded so a CLI started on a head node (not
-    through ``ray job submit``) still configures every engine.
+    ``hf_engines`` (``--sgrpo.rollout_engine hf``). The agent's variables are forwarded so a CLI
+    started on a head node (not through ``ray job submit``) still configures every engine, and
+    ``TORCH_CUDA_ARCH_LIST`` in the form DeepSpeed parses (:func:`deepspeed_arch_list`).
     """
     env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
     env.update({k: os.environ[k] for k in _FORWARDED_ENV if os.environ.get(k)})
@@ -143,7 +144,8 @@ def launch(args: SimpleNamespace) -> None:
     from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
 
     hf_engines = args.sgrpo.rollout_engine == "hf"
-    gpu_import_standins.install(only_missing=True, packages=("vllm", "flash_attn") if hf_engines else ("flash_attn",))
+    stood_in = ("vllm", "flash_attn") if hf_engines else ("flash_attn",)  # the rollout needs the real vLLM
+    gpu_import_standins.install(only_missing=True, packages=stood_in)
     from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
 
     problems = contract_violations()
