@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The lent GPU machine's last call: unpack the pieces that scripts/gpu_vllm_pieces.sh cut (vLLM 0.26.0,
 # Ray, DeepSpeed, OpenRLHF and what the image lacks, carried over earlier calls into /tmp/vp), then
-# run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm) and, with the time left, the
-# engine bench (our VLLMGenerationEngine on CUDA, its weight sync included). Logs go to $OUT.
+# run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm), the engine bench (our
+# VLLMGenerationEngine on CUDA, its weight sync included) and, with the time left, the GRPO vs
+# Stratified GRPO study (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS, small by default). Logs and the
+# study's table go to $OUT.
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
 # SECONDS is the wall time this call may use; the smoke gets most of it, the bench what is left.
@@ -39,7 +41,7 @@ for m in ("torch", "vllm", "ray", "deepspeed", "openrlhf", "transformers"):
         print(m, "IMPORT FAILED:", repr(e)[:300])
 EOF
 
-smoke_s=$(( $(left) - 100 ))
+smoke_s=$(( $(left) - 100 - ${STUDY_RESERVE_S:-0} ))
 echo "[gpu_vllm_run] smoke: $steps steps per run, up to $smoke_s s"
 timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out /tmp/gpu_smoke \
   -- --vllm.enforce_eager > "$OUT/smoke.log" 2>&1
@@ -51,4 +53,13 @@ if [ "$bench_s" -gt 45 ]; then
   timeout "$bench_s" python3 bench/engine_throughput.py --vllm-dtype bfloat16 --prompts 64 --tokens 128 \
     > "$OUT/bench.log" 2>&1
   echo "[gpu_vllm_run] bench exit $?"; tail -8 "$OUT/bench.log"
+fi
+
+# the study gets what is left (reserve it with STUDY_RESERVE_S); a seed cut off leaves its partial run
+study_s=$(( $(left) - 15 ))
+if [ "$study_s" -gt 120 ]; then
+  read -r -a study_args <<< "${STUDY_ARGS:---seeds 0 1 -- --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 --micro-batch-size 8 --concurrency 64}"
+  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out /tmp/gpu_study "${study_args[@]}" > "$OUT/study.log" 2>&1
+  echo "[gpu_vllm_run] study exit $?"; cp /tmp/gpu_study/study_table.md /tmp/gpu_study/study.json "$OUT/" 2>/dev/null
+  tail -20 "$OUT/study.log"
 fi
