@@ -1,4 +1,4 @@
-"""Wall, system CPU time and peak RSS of the runner's policy update under three heap settings, one run.
+"""Wall, system CPU time and peak RSS of the runner's policy update under several heap settings, one run.
 
     .venv/bin/python bench/update_allocator.py [--model smollm2] [--samples 8] [--tokens 450] [--steps 2]
 
@@ -87,18 +87,18 @@ def main() -> int:
 
     from openrlhf_sgrpo.eval.table import format_table
 
-    rows, base = [], None
+    results = {}
     for name in dict.fromkeys(["mmap-1MB", *args.settings]):  # the baseline always runs
         env, threshold = SETTINGS[name]
         cmd = [sys.executable, __file__, "--child", name, "--model", args.model, "--samples", str(args.samples),
                "--tokens", str(args.tokens), "--steps", str(args.steps), "--map-large", str(threshold or 0)]
         out = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        base = r["s_per_step"] if name == "mmap-1MB" else base
-        rows.append([name, f"{r['s_per_step']:.1f}", f"{r['sys_share']:.2f}", f"{r['peak_rss_mib']:.0f}", r])
+        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"{args.model}: {args.samples} samples x {args.tokens} tokens per update, micro-batch 2, "
           f"gradient checkpointing, fused AdamW; {args.steps} timed steps per setting")
-    table = [row[:4] + [f"{row[4]['s_per_step'] / base:.2f}"] for row in rows]
+    base = results["mmap-1MB"]["s_per_step"]
+    table = [[name, f"{r['s_per_step']:.1f}", f"{r['sys_share']:.2f}", f"{r['peak_rss_mib']:.0f}",
+              f"{r['s_per_step'] / base:.2f}"] for name, r in results.items()]
     print(format_table(["heap setting", "s / step", "kernel CPU share", "peak RSS MiB", "x mmap-1MB"], table))
     return 0
 

@@ -84,11 +84,11 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         if sapo_ratio_threshold is not None:
             args += ["--algo.sapo.ratio_threshold", str(sapo_ratio_threshold)]
     if engine == "hf":  # nothing to put to sleep: the HF engine holds no KV cache between batches
-        args += ["--sgrpo.rollout_engine", "hf", "--ds.attn_implementation", "sdpa"]
+        args += ["--sgrpo.rollout_engine", "hf"]
     else:
         args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
-        if importlib.util.find_spec("flash_attn") is None:  # flash-attn has no wheel for every CUDA torch
-            args += ["--ds.attn_implementation", "sdpa"]
+    if engine == "hf" or importlib.util.find_spec("flash_attn") is None:  # no wheel for every CUDA torch
+        args += ["--ds.attn_implementation", "sdpa"]
     return args
 
 

@@ -7,7 +7,7 @@
 # study's table go to $OUT.
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
-# SECONDS is the wall time this call may use; the smoke gets most of it, the bench what is left.
+# SECONDS is the wall time this call may use: the smoke first, then the bench, then the study with what is left.
 set -uo pipefail
 budget="${1:?usage: gpu_vllm_run.sh SECONDS [SMOKE_STEPS]}"
 steps="${2:-2}"

@@ -30,14 +30,12 @@ MARKER_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "platfo
 
 
 def download(spec: str, out: Path) -> Path:
-    before = set(out.glob("*.whl"))
+    """The wheel of ``spec`` in ``out`` (each name is fetched once, so it is the only one there)."""
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
            "3.12", "--implementation", "cp", *(x for p in PLATFORMS for x in ("--platform", p)), "-d", str(out), spec]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     name = canonicalize_name(Requirement(spec).name)
-    new = [f for f in set(out.glob("*.whl")) - before] or [f for f in out.glob("*.whl")]
-    return next(f for f in sorted(new, key=lambda f: f.stat().st_mtime, reverse=True)
-                if canonicalize_name(f.name.split("-")[0]) == name)
+    return next(f for f in out.glob("*.whl") if canonicalize_name(f.name.split("-")[0]) == name)
 
 
 def requirements(wheel: Path, extras: set[str]) -> list[Requirement]:
@@ -51,7 +49,7 @@ def requirements(wheel: Path, extras: set[str]) -> list[Requirement]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=Path, help="an empty folder")
     p.add_argument("--image-has", type=Path, required=True)
     p.add_argument("--leave-out", default="")
     p.add_argument("--no-deps", default="", help="comma-separated roots whose requirements are not followed")

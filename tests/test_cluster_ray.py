@@ -216,9 +216,8 @@ def test_worker_start_code_is_checked_with_cuda_probes_instrumented():
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     for runtime_env in (ray_runtime_env(), ray_runtime_env(hf_engines=True)):  # the two stand-in installers
-        hook = runtime_env.get("worker_process_setup_hook")
-        ours = "" if hook is None else (f"import importlib; m, _, f = {hook!r}.rpartition('.'); "
-                                        f"getattr(importlib.import_module(m), f)()")
+        hook = runtime_env["worker_process_setup_hook"]
+        ours = f"import importlib; m, _, f = {hook!r}.rpartition('.'); getattr(importlib.import_module(m), f)()"
         assert probes_at_worker_start(ours) == []
     # the old hook's first step: import OpenRLHF's trainer module (DeepSpeed probes CUDA on import)
     assert ("device_count", None) in [tuple(p) for p in probes_at_worker_start("import openrlhf.trainer.ppo_trainer")]

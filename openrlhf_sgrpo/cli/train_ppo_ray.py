@@ -105,6 +105,15 @@ def deepspeed_arch_list(value: str | None) -> str | None:
     return ";".join(fixed) if fixed != entries else None
 
 
+_STANDINS = "openrlhf_sgrpo.openrlhf_ext.gpu_import_standins"
+
+
+def _standin_installer(hf_engines: bool) -> str:
+    """The stand-in installer the driver and every Ray worker run: vllm is stood in for only where
+    the HF engine replaces it (the vLLM rollout needs the real engine); flash_attn always."""
+    return "install_missing" if hf_engines else "install_missing_flash_attn"
+
+
 def ray_runtime_env(hf_engines: bool = False) -> dict:
     """What every Ray worker gets: OpenRLHF's env defaults plus the agent's settings.
 
@@ -121,10 +130,7 @@ def ray_runtime_env(hf_engines: bool = False) -> dict:
     arch_list = deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if arch_list is not None:
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
-    runtime_env: dict[str, Any] = {"env_vars": env}
-    hook = "install_missing" if hf_engines else "install_missing_flash_attn"
-    runtime_env["worker_process_setup_hook"] = f"openrlhf_sgrpo.openrlhf_ext.gpu_import_standins.{hook}"
-    return runtime_env
+    return {"env_vars": env, "worker_process_setup_hook": f"{_STANDINS}.{_standin_installer(hf_engines)}"}
 
 
 def start_ray(hf_engines: bool = False, **ray_init_kwargs: Any) -> None:
@@ -144,8 +150,7 @@ def launch(args: SimpleNamespace) -> None:
     from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
 
     hf_engines = args.sgrpo.rollout_engine == "hf"
-    stood_in = ("vllm", "flash_attn") if hf_engines else ("flash_attn",)  # the rollout needs the real vLLM
-    gpu_import_standins.install(only_missing=True, packages=stood_in)
+    getattr(gpu_import_standins, _standin_installer(hf_engines))()  # what every worker runs at start
     from openrlhf_sgrpo.openrlhf_ext.upstream_contract import contract_violations
 
     problems = contract_violations()
