@@ -9,6 +9,11 @@ engine runs the model as the runner trains it (fp32, ``load_policy``); vLLM runs
 ``--vllm-dtype`` (each listed dtype is one more vLLM column). Engine start-up (vLLM: ~1 min on
 2 cores) is reported beside, not counted in the rate. Also timed: one weight sync of the policy
 into vLLM (:mod:`openrlhf_sgrpo.engine.weight_sync`), which the runner pays once per step.
+
+On a CPU our engine runs vLLM's worker inside the engine-core process (``engine/vllm.py``); the
+first dtype also runs in vLLM's default layout (a worker process of its own) for the same prompts,
+and the memory of the engine's processes after generating is printed for each (RSS and PSS:
+shared pages once), so the one-process layout's saving and its speed are measured in one run.
 """
 
 from __future__ import annotations
@@ -77,25 +82,42 @@ def main() -> int:
     hf_start = time.monotonic() - start
     n, wall = _measure(hf, prompts, args.tokens)
     hf_rate = n / wall
-    rows.append(["hf (fp32, batched transformers)", f"{hf_start:.1f}", n, f"{wall:.1f}", f"{hf_rate:.1f}", "1.00", "-"])
-    for dtype in args.vllm_dtype:
+    rows.append(["hf (fp32, batched transformers)", f"{hf_start:.1f}", n, f"{wall:.1f}", f"{hf_rate:.1f}", "1.00",
+                 "-", "-"])
+    layouts = [(dtype, False) for dtype in args.vllm_dtype] + [(args.vllm_dtype[0], True)]
+    for dtype, separate in layouts:
         start = time.monotonic()
         engine = build_engine("vllm", model, tok, model_path=folder, max_batch=args.prompts,
                               max_model_len=max(len(x) for x in prompts) + args.tokens + 8, dtype=dtype,
-                              enforce_eager=True)
+                              enforce_eager=True, separate_cpu_worker=separate)
         up = time.monotonic() - start
+        if separate and not engine.on_cpu:
+            engine.close()
+            break  # one layout on a GPU
         try:
             n, wall = _measure(engine, prompts, args.tokens)
+            memory = _engine_memory()
             sync_start = time.monotonic()
             engine.sync_weights(model)
             sync = time.monotonic() - sync_start
         finally:
             engine.close()
-        rows.append([f"vllm ({dtype}, CPU build)" if engine.on_cpu else f"vllm ({dtype})", f"{up:.1f}", n,
-                     f"{wall:.1f}", f"{n / wall:.1f}", f"{n / wall / hf_rate:.2f}", f"{sync:.2f}"])
+        label = f"vllm ({dtype}, CPU build{', worker process of its own' if separate else ''})" \
+            if engine.on_cpu else f"vllm ({dtype})"
+        rows.append([label, f"{up:.1f}", n, f"{wall:.1f}", f"{n / wall:.1f}", f"{n / wall / hf_rate:.2f}",
+                     f"{sync:.2f}", memory])
     print(f"{args.prompts} prompts x {args.tokens} new tokens, {args.model}")
-    print(format_table(["engine", "start s", "tokens", "wall s", "tokens/s", "x HF", "weight sync s"], rows))
+    print(format_table(["engine", "start s", "tokens", "wall s", "tokens/s", "x HF", "weight sync s",
+                        "engine processes RSS / PSS MiB"], rows))
     return 0
+
+
+def _engine_memory() -> str:
+    """RSS / PSS of this process's descendants: the engine's processes (the HF engine has none)."""
+    from openrlhf_sgrpo.demo.memory import tree_memory_mb
+
+    rss, pss = tree_memory_mb(include_self=False)
+    return f"{rss:.0f} / {pss:.0f}"
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ CPU samples; ``SGRPO_TEST_SEED_SHIFT`` shifts the demo's ``--seed`` (see openrlh
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,34 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     preds = [json.loads(line) for line in (out / "eval_predictions.jsonl").read_text().splitlines()]
     assert sum(p["dataset"] == "after_step3" for p in preds) == 4  # the resumed end is evaluated, not reused
     check_inspector_output(out, text, train_steps=[1, 2, 3])
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc smaps_rollup")
+def test_stage_memory_counts_child_processes_in_rss_and_pss():
+    """A child holding 256 MiB of its own pages shows in both sums; a stage's PSS peak never
+    exceeds its RSS peak (each PSS sample is taken with an RSS sample)."""
+    import subprocess
+    import sys
+
+    from openrlhf_sgrpo.demo.memory import StagePeaks, tree_memory_mb
+
+    rss0, pss0 = tree_memory_mb()
+    peaks = StagePeaks()
+    peaks.begin("child")
+    child = subprocess.Popen([sys.executable, "-c", "import sys\nb = bytearray(256 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                              "print('ready', flush=True)\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        rss1, pss1 = tree_memory_mb()
+        peaks.begin("after")  # closing "child" samples once more, the child still alive
+    finally:
+        child.communicate("")
+    peaks.close()
+    assert rss1 - rss0 > 240 and pss1 - pss0 > 240, (rss0, rss1, pss0, pss1)
+    (name, _, rss_peak, pss_peak), _ = peaks.rows
+    assert name == "child" and rss_peak > rss0 + 240 and pss0 + 240 < pss_peak <= rss_peak
+    assert "peak PSS MiB (shared pages once)" in peaks.table()
 
 
 def check_hop_metrics(run_dir, train: list[dict]) -> None:

@@ -170,6 +170,24 @@ def test_sync_weights_changes_then_restores_greedy_output(vllm_engine, policy):
     assert leftover_files() == []
 
 
+def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
+    """One engine process on a CPU, not vLLM's default two (a second Python with torch, ~1 GB),
+    and the switch that does it is not left in this process's environment for later engines."""
+    from openrlhf_sgrpo.demo.memory import _descendants
+
+    if not vllm_engine.on_cpu:
+        pytest.skip("the one-process layout is the CPU build's")
+    names = []
+    for pid in _descendants(os.getpid()):
+        try:
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        except OSError:
+            pass
+    vllm_names = sorted(n for n in names if n.startswith("VLLM::"))
+    assert vllm_names == ["VLLM::EngineCor"], names  # comm is cut at 15 characters
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
+
+
 def test_close_leaves_no_shared_memory_behind(vllm_engine, shm_before):
     """Last in the module: the engine's processes and their shared-memory queues are gone."""
     import time

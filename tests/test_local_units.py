@@ -272,6 +272,32 @@ def test_gradient_accumulation_over_micro_batches_matches_one_big_batch(tiny, tm
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
 
 
+def test_warm_up_micro_batches_give_the_whole_batchs_gradient(tiny):
+    """The warm-up's rows one at a time (each cut to its own length) accumulate the gradient of
+    the whole right-padded batch's token mean: only the memory held at once changes."""
+    from openrlhf_sgrpo.local.warmup import _batch, backward_action_nll, micro_batches
+
+    model, tok = tiny
+    pairs = [("who wrote it", " <answer> Shakespeare </answer>"), ("the capital", " <search> capital </search>"),
+             ("a much longer question about a river in a country far away", " <answer> Nile </answer>")]
+    batch = _batch(tok, pairs, pad_id=0)
+    chunks = micro_batches(batch, 1)
+    assert [c.sequences.shape[1] for c in chunks] == [int(n) for n in batch.attention_mask.sum(dim=1)]
+    assert sum(c.num_action_tokens for c in chunks) == batch.num_action_tokens
+    grads, losses = [], []
+    for micro in (None, 1, 2):
+        model.zero_grad(set_to_none=True)
+        losses.append(backward_action_nll(model, batch, micro))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    model.zero_grad(set_to_none=True)
+    assert grads[0].abs().sum() > 0
+    for g, loss in zip(grads[1:], losses[1:]):
+        assert loss == pytest.approx(losses[0], rel=1e-5)
+        assert torch.allclose(g, grads[0], atol=1e-6, rtol=1e-4)
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1, got 0"):
+        micro_batches(batch, 0)
+
+
 def test_one_update_per_rollout_scores_with_its_own_forward_as_the_separate_old_pass_would(tiny, tmp_path):
     """One optimizer step over the whole rollout: the old log-probs are the update's own (detached),
     so make_experience runs no forward of its own, and the loss and gradient are those the

@@ -1,12 +1,17 @@
-"""Peak resident memory (RSS) and wall time per demo stage, printed with the demo's output.
+"""Peak memory and wall time per demo stage, printed with the demo's output.
 
-A daemon thread samples the RSS of this process *and its descendants* (the vLLM engine runs in
-two child processes, the sandbox in others) from ``/proc/<pid>/statm`` every 20 ms and keeps the
-maximum of the current stage: the memory the demo really holds, not only its Python process. The kernel's own high-water mark (``VmHWM``, what
-``/usr/bin/time -v`` reports) is process-wide and cannot be split per stage without resetting
-it, which would falsify ``time -v``'s number; a short spike between two samples can be missed,
+A daemon thread samples this process *and its descendants* (the vLLM engine core runs in a
+child process, the sandbox in others) and keeps the maximum of the current stage: the memory
+the demo really holds, not only its Python process. Two sums, because processes share pages:
+- RSS (``/proc/<pid>/statm``, every 20 ms) counts a shared page once *per process*: each of the
+  demo and the engine maps ~0.3 GB of the same torch libraries, so the sum over-counts;
+- PSS (``/proc/<pid>/smaps_rollup``, every 0.5 s: the kernel walks the page tables to answer)
+  splits a shared page between the processes mapping it, so the sum is what the machine holds
+  (``smem``'s number). Sampled less often, its peak can miss a spike the RSS column sees.
+The kernel's own high-water mark (``VmHWM``, what ``/usr/bin/time -v`` reports) is process-wide
+and cannot be split per stage without resetting it, which would falsify ``time -v``'s number,
 so the process peak (``getrusage``) is printed beside the table. Without ``/proc`` (macOS) the
-per-stage column is the process peak so far.
+per-stage columns are the process peak so far.
 """
 
 from __future__ import annotations
@@ -46,6 +51,25 @@ def _rss_pages(pid: int | str) -> int:
         return 0  # a process that just ended
 
 
+def _pss_kib(pid: int | str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0  # a process that just ended, or a kernel without smaps_rollup
+
+
+def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[float, float]:
+    """(RSS, PSS) in MiB summed over ``pid`` (default: this process) and all its descendants
+    (only the descendants with ``include_self=False``: e.g. an engine's processes)."""
+    pid = os.getpid() if pid is None else pid
+    pids = ([pid] if include_self else []) + _descendants(pid)
+    rss = sum(_rss_pages(p) for p in pids) * os.sysconf("SC_PAGE_SIZE") / _MB
+    return rss, sum(_pss_kib(p) for p in pids) / 1024
+
+
 def rss_mb() -> float | None:
     """Resident set size of this process and all its descendants in MiB (None without /proc)."""
     if not _STATM.exists():
@@ -63,11 +87,14 @@ def process_peak_mb() -> float:
 class StagePeaks:
     """``begin(name)`` closes the previous stage and opens the next; ``close()`` ends the last."""
 
+    PSS_EVERY = 25  # RSS samples per PSS sample (smaps_rollup costs a page-table walk)
+
     def __init__(self, interval_s: float = 0.02):
-        self.rows: list[tuple[str, float, float]] = []  # (stage, wall s, peak MiB)
+        self.rows: list[tuple[str, float, float, float]] = []  # (stage, wall s, peak RSS MiB, peak PSS MiB)
         self._name: str | None = None
         self._start = 0.0
         self._peak = 0.0
+        self._pss_peak = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -76,38 +103,52 @@ class StagePeaks:
             self._thread.start()
 
     def _sample(self, interval_s: float) -> None:
+        tick = 0
         while not self._stop.wait(interval_s):
-            now = rss_mb() or 0.0
-            with self._lock:
-                self._peak = max(self._peak, now)
+            tick += 1
+            if tick % self.PSS_EVERY:
+                now = rss_mb() or 0.0
+                with self._lock:
+                    self._peak = max(self._peak, now)
+            else:
+                self._take_both()
 
-    def _current_peak(self) -> float:
-        if self._thread is None:
-            return process_peak_mb()
+    def _take_both(self) -> None:
+        rss, pss = tree_memory_mb()
         with self._lock:
-            return max(self._peak, rss_mb() or 0.0)
+            self._peak, self._pss_peak = max(self._peak, rss), max(self._pss_peak, pss)
+
+    def _current_peaks(self) -> tuple[float, float]:
+        if self._thread is None:
+            return process_peak_mb(), float("nan")
+        self._take_both()
+        with self._lock:
+            return self._peak, self._pss_peak
 
     def begin(self, name: str) -> float | None:
-        """Start stage ``name``; returns the previous stage's peak MiB (None for the first)."""
+        """Start stage ``name``; returns the previous stage's peak RSS MiB (None for the first)."""
         previous = self._finish()
         with self._lock:
-            self._peak = rss_mb() or 0.0
+            self._peak = self._pss_peak = 0.0
+        if self._thread is not None:
+            self._take_both()
         self._name, self._start = name, time.monotonic()
         return previous
 
     def _finish(self) -> float | None:
         if self._name is None:
             return None
-        peak = self._current_peak()
-        self.rows.append((self._name, time.monotonic() - self._start, peak))
+        rss, pss = self._current_peaks()
+        self.rows.append((self._name, time.monotonic() - self._start, rss, pss))
         self._name = None
-        return peak
+        return rss
 
     def close(self) -> None:
         self._finish()
         self._stop.set()
 
     def table(self) -> str:
-        rows = [[name, wall, peak] for name, wall, peak in self.rows]
-        body = format_table(["stage", "wall s", "peak RSS MiB (demo + child processes)"], rows, floatfmt="{:.0f}")
+        rows = [list(row) for row in self.rows]
+        body = format_table(["stage", "wall s", "peak RSS MiB (demo + child processes)",
+                             "peak PSS MiB (shared pages once)"], rows, floatfmt="{:.0f}")
         return f"{body}\npeak RSS of the demo's own process (getrusage): {process_peak_mb():.0f} MiB"

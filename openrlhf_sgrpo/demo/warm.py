@@ -39,7 +39,8 @@ def warm_up(args, model, tok, data: DemoData, demos, prompt_fn: Callable[[str], 
 
     if demos is not None:
         loss = trajectory_warmup(model, tok, demos.samples, steps=args.warmup_steps, lr=args.warmup_lr,
-                                 batch_size=args.warmup_batch, seed=args.seed, progress=True)
+                                 batch_size=args.warmup_batch, seed=args.seed, progress=True,
+                                 micro_batch_size=args.warmup_micro_batch)
         logger.log(0, {"steps": args.warmup_steps, "final_loss": loss, "trajectories": len(demos.samples),
                        "weights": weights_fingerprint(model)}, phase="warmup")
         return
@@ -48,7 +49,8 @@ def warm_up(args, model, tok, data: DemoData, demos, prompt_fn: Callable[[str], 
     else:
         pairs = action_format_pairs(data.train[:64], prompt_fn=prompt_fn, query_fn=lambda q: q, sep="")
     loss = format_warmup(model, tok, data.train, steps=args.warmup_steps, lr=args.warmup_lr, pairs=pairs,
-                         batch_size=args.warmup_batch, seed=args.seed, progress=True)
+                         batch_size=args.warmup_batch, seed=args.seed, progress=True,
+                         micro_batch_size=args.warmup_micro_batch)
     logger.log(0, {"steps": args.warmup_steps, "final_loss": loss, "pairs": len(pairs),
                    "weights": weights_fingerprint(model)}, phase="warmup")
 

