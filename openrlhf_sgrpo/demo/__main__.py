@@ -23,7 +23,7 @@ person was born in). Stages (each shows progress):
 ``--compare`` trains GRPO and then Stratified GRPO from the same warm-up weights, seed, questions
 and steps (stages 6-9, one folder per arm) and reports both side by side (``report.png``: both
 arms' curves). Each stage header shows the previous stage's peak RSS; a table of wall time and
-peak RSS per stage closes the output. ``--smoke`` is a plumbing check (tiny random Qwen2), not a
+peak RSS and PSS per stage (the demo and its child processes, ``demo/memory.py``) closes the output. ``--smoke`` is a plumbing check (tiny random Qwen2), not a
 learning run: in every training group the first turns of three samples are scripted (the gold
 answer, a wrong answer, a search; see ``local/scripted.py``), so reward spread, a tool call and a
 non-zero update hold by construction.
