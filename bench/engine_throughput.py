@@ -82,8 +82,8 @@ def main() -> int:
     hf_start = time.monotonic() - start
     n, wall = _measure(hf, prompts, args.tokens)
     hf_rate = n / wall
-    rows.append(["hf (fp32, batched transformers)", f"{hf_start:.1f}", n, f"{wall:.1f}", f"{hf_rate:.1f}", "1.00",
-                 "-", "-"])
+    rows.append(["hf (fp32, batched transformers)", f"{hf_start:.1f}", n, f"{wall:.1f}", f"{hf_rate:.1f}",
+                 "1.00", "-", "-"])
     layouts = [(dtype, False) for dtype in args.vllm_dtype] + [(args.vllm_dtype[0], True)]
     for dtype, separate in layouts:
         start = time.monotonic()

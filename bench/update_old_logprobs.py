@@ -63,8 +63,8 @@ def _run(cfg: TrainConfig, model, tok, samples) -> float:
     with TemporaryDirectory() as tmp:
         trainer = LocalTrainer(copy.deepcopy(model), tok, None, [Question("q", "q?", ["a"])], cfg, Path(tmp))
         start = time.monotonic()
-        exp = make_experience(samples, cfg.n_samples, cfg.adv, trainer.model, trainer.pad_id, cfg.micro_batch_size,
-                              old_from_update=cfg.single_update)
+        exp = make_experience(samples, cfg.n_samples, cfg.adv, trainer.model, trainer.pad_id,
+                              cfg.micro_batch_size, old_from_update=cfg.single_update)
         trainer._ppo_train(exp, step=1)
         return time.monotonic() - start
 
@@ -99,8 +99,8 @@ def main() -> int:
         for name, cfg in paths.items():
             best[name] = min(best[name], _run(cfg, model, tok, samples))
     now, before = best.values()
-    print(f"{args.model}: {args.samples} samples of {args.min_tokens}-{args.max_tokens} tokens, micro-batches of 2, "
-          f"gradient checkpointing, one optimizer step; best of {args.repeats}")
+    print(f"{args.model}: {args.samples} samples of {args.min_tokens}-{args.max_tokens} tokens, "
+          f"micro-batches of 2, gradient checkpointing, one optimizer step; best of {args.repeats}")
     print(format_table(["path", "experience + update s", "x before"],
                        [[name, f"{s:.1f}", f"{s / before:.2f}"] for name, s in best.items()]))
     print(f"ratio now / before: {now / before:.2f}")

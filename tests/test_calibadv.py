@@ -417,7 +417,7 @@ def test_experience_maker_applies_calibadv_after_any_estimator(openrlhf_gpu_stub
 
 
 def test_missing_turn_slots_name_the_agent(openrlhf_gpu_stubs):
-    from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import turn_tensors
+    from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 
     with pytest.raises(KeyError, match="agent_env.openrlhf_agent"):
         turn_tensors({"f1": torch.tensor([1.0])})

@@ -94,8 +94,9 @@ def test_stage_memory_counts_child_processes_in_rss_and_pss():
     rss0, pss0 = tree_memory_mb()
     peaks = StagePeaks()
     peaks.begin("child")
-    child = subprocess.Popen([sys.executable, "-c", "import sys\nb = bytearray(256 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
-                              "print('ready', flush=True)\nsys.stdin.read()"],
+    hold = ("import sys\nb = bytearray(256 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+            "print('ready', flush=True)\nsys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", hold],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"

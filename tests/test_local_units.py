@@ -278,7 +278,8 @@ def test_warm_up_micro_batches_give_the_whole_batchs_gradient(tiny):
     from openrlhf_sgrpo.local.warmup import _batch, backward_action_nll, micro_batches
 
     model, tok = tiny
-    pairs = [("who wrote it", " <answer> Shakespeare </answer>"), ("the capital", " <search> capital </search>"),
+    pairs = [("who wrote it", " <answer> Shakespeare </answer>"),
+             ("the capital", " <search> capital </search>"),
              ("a much longer question about a river in a country far away", " <answer> Nile </answer>")]
     batch = _batch(tok, pairs, pad_id=0)
     chunks = micro_batches(batch, 1)

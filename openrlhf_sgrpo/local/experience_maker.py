@@ -5,7 +5,7 @@ The same functions as the OpenRLHF path: strata from the agent's info keys
 (:func:`openrlhf_sgrpo.advantages.compute_stratified`), the paper monitors
 (:func:`openrlhf_sgrpo.metrics.stratification_metrics`), upstream ``compute_reward`` for the
 token path, and optionally CalibAdv on the token advantages of the *whole* batch (it needs
-complete prompt groups; ``calibadv_hook.turn_tensors`` reads the agent's turn slots). Like
+complete prompt groups; ``turn_info.turn_tensors`` reads the agent's turn slots). Like
 ``RemoteExperienceMaker.make_experience``, the policy's log-probs (``old_log_probs``) and the
 reference's are computed here, once, before any optimizer step, so PPO clipping and SAPO see
 the ratio to the policy that sampled. The local rollout keeps samples prompt-contiguous, so no
@@ -104,9 +104,9 @@ def token_advantages(advantages: torch.Tensor, action_mask: torch.Tensor, kl: to
 def apply_calibadv(token_adv: torch.Tensor, action_mask: torch.Tensor, samples: list[Sample],
                    rollout_adv: torch.Tensor, group_size: int, cfg: CalibAdvConfig) -> tuple[torch.Tensor, dict]:
     """CalibAdv on the token advantages of whole prompt groups, reading the agent's info like the
-    OpenRLHF hook (``calibadv_hook.turn_tensors``: turn slots, think similarities, F1, the format
+    OpenRLHF hook (``turn_info.turn_tensors``: turn slots, think similarities, F1, the format
     verdict). ``samples`` must hold complete groups (``group_size`` each)."""
-    from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import turn_tensors
+    from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 
     keys = samples[0].info.keys()
     info = {k: info_tensor(samples, k) for k in keys}

@@ -9,16 +9,13 @@ calibadv_token_advantages` and writes the calibrated advantages back per experie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from agent_env import info_keys as K
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, calibadv_token_advantages
-
-# OpenRLHF's action_mask column j is sequence token j + 1 (``action_mask = mask[1:]``).
-TOKEN_TO_COLUMN_SHIFT = 1
+from openrlhf_sgrpo.openrlhf_ext.batch_order import ADVANTAGE_INFO_KEY, batch_order, prompt_ordered
+from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 
 
 def calibadv_config_from_args(args: Any) -> CalibAdvConfig | None:
@@ -31,45 +28,6 @@ def calibadv_config_from_args(args: Any) -> CalibAdvConfig | None:
                              for name in CalibAdvConfig.__dataclass_fields__})
 
 
-def _count_slots(info: Mapping[str, Any], key_fn) -> int:
-    n = 0
-    while key_fn(n) in info:
-        n += 1
-    return n
-
-
-def _column(info: Mapping[str, Any], key: str) -> torch.Tensor:
-    if key not in info:
-        raise KeyError(f"CalibAdv needs Experience.info[{key!r}] from the agent "
-                       f"(agent_env.openrlhf_agent); available keys: {sorted(info)[:20]}...")
-    return torch.as_tensor(info[key]).reshape(-1)
-
-
-def turn_tensors(info: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """One experience's per-turn slots as [b, T] / [b, T, D] tensors (token ranges as columns),
-    plus the agent's per-turn think similarity, F1 and format verdict: every input CalibAdv
-    takes besides the advantages, by the names :func:`calibadv_token_advantages` uses."""
-    num_turns = _count_slots(info, K.turn_kind_key)
-    num_docs = _count_slots(info, lambda j: K.turn_doc_key(0, j))
-    if num_turns == 0:
-        raise KeyError(f"CalibAdv needs the agent's per-turn info ({K.turn_kind_key(0)!r}, ...); "
-                       f"run the agent from agent_env.openrlhf_agent (--train.agent_func_path)")
-    stack = lambda key_fn: torch.stack([_column(info, key_fn(k)).long() for k in range(num_turns)], -1)
-    kind, start, end = stack(K.turn_kind_key), stack(K.turn_start_key), stack(K.turn_end_key)
-    present = start != K.PAD
-    shift = TOKEN_TO_COLUMN_SHIFT
-    start = torch.where(present, start - shift, start)
-    end = torch.where(present, end - shift, end)
-    if num_docs:
-        docs = torch.stack([torch.stack([_column(info, K.turn_doc_key(k, j)).long() for j in range(num_docs)], -1)
-                            for k in range(num_turns)], 1)
-    else:
-        docs = torch.full((*kind.shape, 1), K.PAD, dtype=torch.long)
-    think_sim = torch.stack([_column(info, K.turn_think_sim_key(k)).float() for k in range(num_turns)], -1)
-    return {"turn_kind": kind, "turn_start": start, "turn_end": end, "doc_ids": docs, "think_sim": think_sim,
-            "f1": _column(info, K.F1).float(), "format_ok": _column(info, K.FORMAT_OK) > 0}
-
-
 def _pad_cols(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]))
 
@@ -79,8 +37,6 @@ def apply_calibadv(experiences: list, args: Any) -> dict[str, float]:
     cfg = calibadv_config_from_args(args)
     if cfg is None or not experiences:
         return {}
-    from openrlhf_sgrpo.openrlhf_ext.experience_maker import ADVANTAGE_INFO_KEY, batch_order, prompt_ordered
-
     width = max(e.advantages.shape[1] for e in experiences)
     per_exp = [turn_tensors(e.info) for e in experiences]
     turns = {name: prompt_ordered(experiences, [t[name] for t in per_exp]) for name in per_exp[0]}

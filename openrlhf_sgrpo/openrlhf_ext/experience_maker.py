@@ -22,7 +22,6 @@ they are dropped once the advantages are final; the counters and ``sgrpo/*`` mon
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,13 +33,12 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from agent_env import info_keys as K
 from openrlhf_sgrpo.advantages import compute_stratified
 from openrlhf_sgrpo.metrics import stratification_metrics
+from openrlhf_sgrpo.openrlhf_ext.batch_order import ADVANTAGE_INFO_KEY, batch_order, prompt_ordered
 from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import apply_calibadv
 from openrlhf_sgrpo.openrlhf_ext.config import sgrpo_options
 from openrlhf_sgrpo.openrlhf_ext.rollout_dump import RolloutDump
 from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
 
-# Per-sample info key holding the scalar (pre-KL) stratified advantage, for logs and tests.
-ADVANTAGE_INFO_KEY = "sgrpo_advantage"
 
 
 @contextmanager
@@ -55,21 +53,6 @@ def action_token_lengths(experiences: list) -> Iterator[None]:
     finally:
         for e, length in zip(experiences, saved):
             e.response_length = length
-
-
-def prompt_ordered(experiences: list, per_sample: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate per-experience values and put them in prompt order (``experience.index``)."""
-    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
-    flat = torch.cat(per_sample, dim=0)
-    ordered = torch.empty_like(flat)
-    ordered[indices] = flat
-    return ordered
-
-
-def batch_order(experiences: list, ordered: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Inverse of :func:`prompt_ordered`: split prompt-ordered values back per experience."""
-    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
-    return ordered[indices].split([len(e.index) for e in experiences])
 
 
 class StratifiedExperienceMaker(RemoteExperienceMaker):

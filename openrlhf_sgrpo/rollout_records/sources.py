@@ -69,7 +69,7 @@ def _column(rows: Sequence[Mapping[str, float]], key: str) -> torch.Tensor:
 
 def _calib_scores(trajs: list[Trajectory], n: int, cfg: CalibAdvConfig) -> list[list[float]]:
     """CalibAdv's per-turn score s_t (share of new silver docs), as the estimator computes it."""
-    from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import turn_tensors
+    from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 
     keys = trajs[0].info.keys()
     t = turn_tensors({k: _column([tr.info for tr in trajs], k) for k in keys})
