@@ -173,12 +173,12 @@ def test_sync_weights_changes_then_restores_greedy_output(vllm_engine, policy):
 def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
     """One engine process on a CPU, not vLLM's default two (a second Python with torch, ~1 GB),
     and the switch that does it is not left in this process's environment for later engines."""
-    from openrlhf_sgrpo.demo.memory import _descendants
+    from openrlhf_sgrpo.demo.memory import descendants
 
     if not vllm_engine.on_cpu:
         pytest.skip("the one-process layout is the CPU build's")
     names = []
-    for pid in _descendants(os.getpid()):
+    for pid in descendants(os.getpid()):
         try:
             names.append(Path(f"/proc/{pid}/comm").read_text().strip())
         except OSError:

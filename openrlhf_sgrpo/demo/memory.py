@@ -29,7 +29,7 @@ _STATM = Path("/proc/self/statm")
 _MB = 1 << 20
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from the kernel's per-thread ``children`` lists)."""
     out, todo = [], [pid]
     while todo:
@@ -61,21 +61,27 @@ def _pss_kib(pid: int | str) -> int:
     return 0  # a process that just ended, or a kernel without smaps_rollup
 
 
+def _tree(pid: int, include_self: bool = True) -> list[int]:
+    return ([pid] if include_self else []) + descendants(pid)
+
+
+def _rss_sum_mb(pids: list[int]) -> float:
+    return sum(_rss_pages(p) for p in pids) * os.sysconf("SC_PAGE_SIZE") / _MB
+
+
 def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[float, float]:
     """(RSS, PSS) in MiB summed over ``pid`` (default: this process) and all its descendants
     (only the descendants with ``include_self=False``: e.g. an engine's processes)."""
-    pid = os.getpid() if pid is None else pid
-    pids = ([pid] if include_self else []) + _descendants(pid)
-    rss = sum(_rss_pages(p) for p in pids) * os.sysconf("SC_PAGE_SIZE") / _MB
-    return rss, sum(_pss_kib(p) for p in pids) / 1024
+    pids = _tree(os.getpid() if pid is None else pid, include_self)
+    return _rss_sum_mb(pids), sum(_pss_kib(p) for p in pids) / 1024
 
 
 def rss_mb() -> float | None:
-    """Resident set size of this process and all its descendants in MiB (None without /proc)."""
+    """Resident set size of this process and all its descendants in MiB (None without /proc);
+    the cheap half of :func:`tree_memory_mb`, for the 20 ms samples."""
     if not _STATM.exists():
         return None
-    pages = _rss_pages("self") + sum(_rss_pages(pid) for pid in _descendants(os.getpid()))
-    return pages * os.sysconf("SC_PAGE_SIZE") / _MB
+    return _rss_sum_mb(_tree(os.getpid()))
 
 
 def process_peak_mb() -> float:

@@ -30,6 +30,7 @@ from openrlhf_sgrpo.local import upstream
 from openrlhf_sgrpo.local.experience import Sample, collate, info_tensor
 from openrlhf_sgrpo.local.loss import action_log_probs
 from openrlhf_sgrpo.metrics import stratification_metrics
+from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
 
 # "grpo" is group normalization alone: Stratified GRPO with alpha = 0 (same math, same code).
@@ -106,8 +107,6 @@ def apply_calibadv(token_adv: torch.Tensor, action_mask: torch.Tensor, samples: 
     """CalibAdv on the token advantages of whole prompt groups, reading the agent's info like the
     OpenRLHF hook (``turn_info.turn_tensors``: turn slots, think similarities, F1, the format
     verdict). ``samples`` must hold complete groups (``group_size`` each)."""
-    from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
-
     keys = samples[0].info.keys()
     info = {k: info_tensor(samples, k) for k in keys}
     turns = turn_tensors(info)

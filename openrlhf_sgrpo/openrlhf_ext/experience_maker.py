@@ -40,7 +40,6 @@ from openrlhf_sgrpo.openrlhf_ext.rollout_dump import RolloutDump
 from openrlhf_sgrpo.strata import parse_stratify_by, strata_from_info
 
 
-
 @contextmanager
 def action_token_lengths(experiences: list) -> Iterator[None]:
     """Temporarily make ``response_length`` the number of action tokens (OpenRLHF #1243)."""

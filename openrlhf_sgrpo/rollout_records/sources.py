@@ -19,6 +19,7 @@ import torch
 from agent_env.rewards import parse_golds
 from openrlhf_sgrpo.advantages import STRATIFIED_ESTIMATORS, compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, turn_scores
+from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 from openrlhf_sgrpo.rollout_records.build import RecordLimits, Trajectory, finite, group_record, sample_record
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
 
@@ -69,8 +70,6 @@ def _column(rows: Sequence[Mapping[str, float]], key: str) -> torch.Tensor:
 
 def _calib_scores(trajs: list[Trajectory], n: int, cfg: CalibAdvConfig) -> list[list[float]]:
     """CalibAdv's per-turn score s_t (share of new silver docs), as the estimator computes it."""
-    from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
-
     keys = trajs[0].info.keys()
     t = turn_tensors({k: _column([tr.info for tr in trajs], k) for k in keys})
     scores = turn_scores(t["doc_ids"], t["turn_kind"], t["f1"], t["format_ok"], n, config=cfg,
