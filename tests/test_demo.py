@@ -84,8 +84,9 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc smaps_rollup")
 def test_stage_memory_counts_child_processes_in_rss_and_pss():
-    """A child holding 256 MiB of its own pages shows in both sums; a stage's PSS peak never
-    exceeds its RSS peak (each PSS sample is taken with an RSS sample)."""
+    """A child holding 256 MiB of its own pages shows in both sums and not in the demo process's
+    own column; a stage's PSS peak never exceeds its RSS peak (each PSS sample is taken with an
+    RSS sample)."""
     import subprocess
     import sys
 
@@ -106,9 +107,12 @@ def test_stage_memory_counts_child_processes_in_rss_and_pss():
         child.communicate("")
     peaks.close()
     assert rss1 - rss0 > 240 and pss1 - pss0 > 240, (rss0, rss1, pss0, pss1)
-    (name, _, rss_peak, pss_peak), _ = peaks.rows
+    (name, _, rss_peak, pss_peak, own_peak), _ = peaks.rows
     assert name == "child" and rss_peak > rss0 + 240 and pss0 + 240 < pss_peak <= rss_peak
+    # the child's pages are not the demo process's own: its column stays below the tree's
+    assert 0 < own_peak < rss_peak - 240, (own_peak, rss_peak)
     assert "peak PSS MiB (shared pages once)" in peaks.table()
+    assert "demo process alone" in peaks.table()
 
 
 def check_hop_metrics(run_dir, train: list[dict]) -> None:

@@ -8,6 +8,9 @@ the demo really holds, not only its Python process. Two sums, because processes 
 - PSS (``/proc/<pid>/smaps_rollup``, every 0.5 s: the kernel walks the page tables to answer)
   splits a shared page between the processes mapping it, so the sum is what the machine holds
   (``smem``'s number). Sampled less often, its peak can miss a spike the RSS column sees.
+A third column is the demo's own process alone (the trainer, the in-thread retriever), from the
+same 20 ms samples: with it the table says where the memory sits, the rest being the engine's
+and the sandbox's processes.
 The kernel's own high-water mark (``VmHWM``, what ``/usr/bin/time -v`` reports) is process-wide
 and cannot be split per stage without resetting it, which would falsify ``time -v``'s number,
 so the process peak (``getrusage``) is printed beside the table. Without ``/proc`` (macOS) the
@@ -76,12 +79,13 @@ def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[f
     return _rss_sum_mb(pids), sum(_pss_kib(p) for p in pids) / 1024
 
 
-def rss_mb() -> float | None:
-    """Resident set size of this process and all its descendants in MiB (None without /proc);
-    the cheap half of :func:`tree_memory_mb`, for the 20 ms samples."""
+def rss_tree_and_own_mb() -> tuple[float, float] | None:
+    """(RSS of this process and all its descendants, RSS of this process alone) in MiB, None
+    without /proc; the cheap half of :func:`tree_memory_mb`, for the 20 ms samples."""
     if not _STATM.exists():
         return None
-    return _rss_sum_mb(_tree(os.getpid()))
+    own = os.getpid()
+    return _rss_sum_mb(_tree(own)), _rss_sum_mb([own])
 
 
 def process_peak_mb() -> float:
@@ -96,15 +100,17 @@ class StagePeaks:
     PSS_EVERY = 25  # RSS samples per PSS sample (smaps_rollup costs a page-table walk)
 
     def __init__(self, interval_s: float = 0.02):
-        self.rows: list[tuple[str, float, float, float]] = []  # (stage, wall s, peak RSS MiB, peak PSS MiB)
+        # (stage, wall s, peak RSS MiB, peak PSS MiB, peak RSS MiB of this process alone)
+        self.rows: list[tuple[str, float, float, float, float]] = []
         self._name: str | None = None
         self._start = 0.0
         self._peak = 0.0
         self._pss_peak = 0.0
+        self._own_peak = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
-        if rss_mb() is not None:
+        if rss_tree_and_own_mb() is not None:
             self._thread = threading.Thread(target=self._sample, args=(interval_s,), name="rss-sampler", daemon=True)
             self._thread.start()
 
@@ -113,29 +119,33 @@ class StagePeaks:
         while not self._stop.wait(interval_s):
             tick += 1
             if tick % self.PSS_EVERY:
-                now = rss_mb() or 0.0
-                with self._lock:
-                    self._peak = max(self._peak, now)
+                self._take_rss()
             else:
                 self._take_both()
 
+    def _take_rss(self) -> None:
+        tree, own = rss_tree_and_own_mb() or (0.0, 0.0)
+        with self._lock:
+            self._peak, self._own_peak = max(self._peak, tree), max(self._own_peak, own)
+
     def _take_both(self) -> None:
+        self._take_rss()
         rss, pss = tree_memory_mb()
         with self._lock:
             self._peak, self._pss_peak = max(self._peak, rss), max(self._pss_peak, pss)
 
-    def _current_peaks(self) -> tuple[float, float]:
+    def _current_peaks(self) -> tuple[float, float, float]:
         if self._thread is None:
-            return process_peak_mb(), float("nan")
+            return process_peak_mb(), float("nan"), process_peak_mb()
         self._take_both()
         with self._lock:
-            return self._peak, self._pss_peak
+            return self._peak, self._pss_peak, self._own_peak
 
     def begin(self, name: str) -> float | None:
         """Start stage ``name``; returns the previous stage's peak RSS MiB (None for the first)."""
         previous = self._finish()
         with self._lock:
-            self._peak = self._pss_peak = 0.0
+            self._peak = self._pss_peak = self._own_peak = 0.0
         if self._thread is not None:
             self._take_both()
         self._name, self._start = name, time.monotonic()
@@ -144,8 +154,8 @@ class StagePeaks:
     def _finish(self) -> float | None:
         if self._name is None:
             return None
-        rss, pss = self._current_peaks()
-        self.rows.append((self._name, time.monotonic() - self._start, rss, pss))
+        rss, pss, own = self._current_peaks()
+        self.rows.append((self._name, time.monotonic() - self._start, rss, pss, own))
         self._name = None
         return rss
 
@@ -156,5 +166,6 @@ class StagePeaks:
     def table(self) -> str:
         rows = [list(row) for row in self.rows]
         body = format_table(["stage", "wall s", "peak RSS MiB (demo + child processes)",
-                             "peak PSS MiB (shared pages once)"], rows, floatfmt="{:.0f}")
+                             "peak PSS MiB (shared pages once)", "peak RSS MiB, demo process alone"],
+                            rows, floatfmt="{:.0f}")
         return f"{body}\npeak RSS of the demo's own process (getrusage): {process_peak_mb():.0f} MiB"
