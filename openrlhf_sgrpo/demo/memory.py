@@ -68,24 +68,30 @@ def _tree(pid: int, include_self: bool = True) -> list[int]:
     return ([pid] if include_self else []) + descendants(pid)
 
 
-def _rss_sum_mb(pids: list[int]) -> float:
-    return sum(_rss_pages(p) for p in pids) * os.sysconf("SC_PAGE_SIZE") / _MB
+def _pages_mb(pages: int) -> float:
+    return pages * os.sysconf("SC_PAGE_SIZE") / _MB
+
+
+def _pss_sum_mb(pids: list[int]) -> float:
+    return sum(_pss_kib(p) for p in pids) / 1024
 
 
 def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[float, float]:
     """(RSS, PSS) in MiB summed over ``pid`` (default: this process) and all its descendants
     (only the descendants with ``include_self=False``: e.g. an engine's processes)."""
     pids = _tree(os.getpid() if pid is None else pid, include_self)
-    return _rss_sum_mb(pids), sum(_pss_kib(p) for p in pids) / 1024
+    return _pages_mb(sum(_rss_pages(p) for p in pids)), _pss_sum_mb(pids)
 
 
-def rss_tree_and_own_mb() -> tuple[float, float] | None:
-    """(RSS of this process and all its descendants, RSS of this process alone) in MiB, None
-    without /proc; the cheap half of :func:`tree_memory_mb`, for the 20 ms samples."""
-    if not _STATM.exists():
-        return None
+def _sample_mb(with_pss: bool) -> tuple[float, float, float]:
+    """(RSS of this process and its descendants, RSS of this process alone, their PSS or 0) in
+    MiB, from one walk of the process tree: the 20 ms samples, PSS only when asked."""
     own = os.getpid()
-    return _rss_sum_mb(_tree(own)), _rss_sum_mb([own])
+    kids = descendants(own)
+    own_pages = _rss_pages(own)
+    tree_pages = own_pages + sum(_rss_pages(p) for p in kids)
+    pss = _pss_sum_mb([own, *kids]) if with_pss else 0.0
+    return _pages_mb(tree_pages), _pages_mb(own_pages), pss
 
 
 def process_peak_mb() -> float:
@@ -110,34 +116,27 @@ class StagePeaks:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
-        if rss_tree_and_own_mb() is not None:
-            self._thread = threading.Thread(target=self._sample, args=(interval_s,), name="rss-sampler", daemon=True)
+        if _STATM.exists():
+            self._thread = threading.Thread(target=self._sample, args=(interval_s,), name="rss-sampler",
+                                            daemon=True)
             self._thread.start()
 
     def _sample(self, interval_s: float) -> None:
         tick = 0
         while not self._stop.wait(interval_s):
             tick += 1
-            if tick % self.PSS_EVERY:
-                self._take_rss()
-            else:
-                self._take_both()
+            self._take(with_pss=tick % self.PSS_EVERY == 0)
 
-    def _take_rss(self) -> None:
-        tree, own = rss_tree_and_own_mb() or (0.0, 0.0)
+    def _take(self, with_pss: bool) -> None:
+        tree, own, pss = _sample_mb(with_pss)
         with self._lock:
             self._peak, self._own_peak = max(self._peak, tree), max(self._own_peak, own)
-
-    def _take_both(self) -> None:
-        self._take_rss()
-        rss, pss = tree_memory_mb()
-        with self._lock:
-            self._peak, self._pss_peak = max(self._peak, rss), max(self._pss_peak, pss)
+            self._pss_peak = max(self._pss_peak, pss)
 
     def _current_peaks(self) -> tuple[float, float, float]:
         if self._thread is None:
             return process_peak_mb(), float("nan"), process_peak_mb()
-        self._take_both()
+        self._take(with_pss=True)
         with self._lock:
             return self._peak, self._pss_peak, self._own_peak
 
@@ -147,7 +146,7 @@ class StagePeaks:
         with self._lock:
             self._peak = self._pss_peak = self._own_peak = 0.0
         if self._thread is not None:
-            self._take_both()
+            self._take(with_pss=True)
         self._name, self._start = name, time.monotonic()
         return previous
 

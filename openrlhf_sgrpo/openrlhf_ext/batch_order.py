@@ -17,16 +17,19 @@ import torch
 ADVANTAGE_INFO_KEY = "sgrpo_advantage"
 
 
+def _prompt_positions(experiences: list) -> torch.Tensor:
+    """Each batch row's position in prompt order (``experience.index``, batches concatenated)."""
+    return torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
+
+
 def prompt_ordered(experiences: list, per_sample: list[torch.Tensor]) -> torch.Tensor:
     """Concatenate per-experience values and put them in prompt order (``experience.index``)."""
-    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
     flat = torch.cat(per_sample, dim=0)
     ordered = torch.empty_like(flat)
-    ordered[indices] = flat
+    ordered[_prompt_positions(experiences)] = flat
     return ordered
 
 
 def batch_order(experiences: list, ordered: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Inverse of :func:`prompt_ordered`: split prompt-ordered values back per experience."""
-    indices = torch.tensor(list(itertools.chain.from_iterable(e.index for e in experiences)))
-    return ordered[indices].split([len(e.index) for e in experiences])
+    return ordered[_prompt_positions(experiences)].split([len(e.index) for e in experiences])
