@@ -44,18 +44,21 @@ class SandboxProcess:
 
     def __init__(self, backend: str = "local", max_concurrency: int = 4, max_queue: int = 64,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 start_timeout: float = START_TIMEOUT_S) -> None:
+                 start_timeout: float = START_TIMEOUT_S, stderr: Any = None) -> None:
+        """``stderr``: where the service's log goes (a file or ``subprocess.PIPE``; None: ours)."""
         self.args = [sys.executable, "-m", "sandbox.serve", "--backend", backend, "--host", "127.0.0.1",
                      "--port", "0", "--max-concurrency", str(max_concurrency), "--max-queue", str(max_queue),
                      *(extra_args or [])]
         self.env = {**os.environ, **(env or {})}
         self.start_timeout = start_timeout
+        self.stderr = stderr
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
     def start(self) -> str:
         """Start the service and wait until it listens; returns its base URL."""
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True, env=self.env)
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                     env=self.env)
         try:
             self.url = self._read_url()
         except BaseException:

@@ -194,6 +194,10 @@ class ResidentPool(Backend):
         elif healthy:
             self.recycled += 1
             self._free.put(box)
+        elif self.closed or self._stopping:
+            # Shutting down: the run was ended by the drain (or its sandbox died meanwhile); the
+            # sandbox stays in the pool's set, which close() takes down, and none is started.
+            log.info("sandbox %s ends with the service (shutting down; not replaced): %s", box.name, why)
         else:
             log.warning("%s; replacing sandbox %s", why, box.name)
             threading.Thread(target=self._replace, args=(box,), daemon=True).start()
