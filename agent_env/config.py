@@ -54,6 +54,9 @@ class AgentConfig:
     batch_window_ms: float = 5.0
     max_batch: int = 64
     max_connections: int = 64
+    # Wall-clock cap on one trajectory, in seconds (None: none, as in Search-R1 and OpenRLHF).
+    # Past it no tool call starts and one in flight is cut; the episode ends with what it has.
+    episode_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         choices = {"search_backend": SEARCH_BACKENDS, "template": TEMPLATES, "reward": REWARDS}
@@ -65,6 +68,11 @@ class AgentConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_tokens_per_turn is not None and int(self.max_tokens_per_turn) < 1:
             raise ConfigError(f"max_tokens_per_turn must be >= 1 or null, got {self.max_tokens_per_turn!r}")
+        if self.episode_timeout_s is not None and not float(self.episode_timeout_s) > 0:
+            raise ConfigError(f"episode_timeout_s must be > 0 or null, got {self.episode_timeout_s!r}")
+        for name in ("request_timeout_s", "code_timeout_s"):
+            if not float(getattr(self, name)) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.retries < 0:
             raise ConfigError(f"retries must be >= 0, got {self.retries!r}")
         if urlsplit(self.web_search_url).hostname in SERPER_HOSTS:

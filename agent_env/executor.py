@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import time
 from copy import deepcopy
 from dataclasses import dataclass
 
@@ -93,7 +94,8 @@ class AgentInstance(AgentInstanceBase):
     async def reset(self, states: dict, **kwargs):
         cfg, tok = self.ctx.config, self.ctx.tokenizer
         truncate = token_truncator(tok, cfg.max_obs_tokens) if tok is not None else char_truncator(cfg.max_obs_tokens)
-        self.episode = Episode(cfg, self.ctx.tools, parse_golds(states["label"]), truncate)
+        deadline = time.monotonic() + cfg.episode_timeout_s if cfg.episode_timeout_s is not None else None
+        self.episode = Episode(cfg, self.ctx.tools, parse_golds(states["label"]), truncate, deadline)
         return {"observation": build_prompt(cfg.template, states["observation"], tok)}
 
     async def step(self, states: dict, **kwargs):

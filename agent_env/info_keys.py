@@ -43,9 +43,14 @@ ACTION_TOKENS = "action_tokens"
 # invalid action), else 0; CalibAdv calibrates only such rollouts and takes silver docs only
 # from them.
 FORMAT_OK = "format_ok"
+# Per-tool shares of TOOL_ERRORS (search_errors + code_errors == tool_errors): which service failed.
+SEARCH_ERRORS = "search_errors"
+CODE_ERRORS = "code_errors"
+# 1 when the per-trajectory wall-clock cap (AgentConfig.episode_timeout_s) ended the episode.
+CAPPED = "capped"
 
 COUNTER_KEYS = (TOOL_CALLS, SEARCH_CALLS, CODE_CALLS, INVALID_ACTIONS, TOOL_ERRORS, TURNS, ANSWERED,
-                FIRST_TOOL_TURN, EM, F1, ACTION_TOKENS, FORMAT_OK)
+                FIRST_TOOL_TURN, EM, F1, ACTION_TOKENS, FORMAT_OK, SEARCH_ERRORS, CODE_ERRORS, CAPPED)
 
 # Turn kinds stored in `turn{k}_kind`.
 KIND_NONE, KIND_SEARCH, KIND_CODE, KIND_ANSWER, KIND_INVALID = 0, 1, 2, 3, 4

@@ -29,6 +29,18 @@ class HttpPolicy:
     backoff_s: float = 0.5
     max_connections: int = 64
 
+    def backoff_total_s(self) -> float:
+        """Seconds slept between attempts when every attempt fails fast (connection refused)."""
+        return sum(self.backoff_s * 2 ** i for i in range(self.retries))
+
+    def worst_case_s(self, timeout_s: float | None = None) -> float:
+        """The longest one call can take before it answers or raises ToolError: every attempt
+        cut at the timeout, plus the backoffs. Why it is finite: each attempt has a total
+        timeout (a peer that accepts and never answers included) and the attempts are counted;
+        a time-out ends the call at once (it is not retried), so the usual bound of a hang is
+        one timeout, and of a dead service `backoff_total_s`."""
+        return (self.retries + 1) * (timeout_s or self.timeout_s) + self.backoff_total_s()
+
 
 class JsonHttp:
     """POST JSON, get JSON; lazily (re)creates its session on the running loop."""

@@ -13,17 +13,31 @@ from agent_env.observations import Doc, doc_from_contents
 from agent_env.tools.http import JsonHttp, ToolError
 
 
+def _schema_error(what: str) -> ToolError:
+    return ToolError(f"retriever answer is not the /retrieve schema: {what}")
+
+
 def parse_retrieve_response(data: dict, n_queries: int) -> list[list[Doc]]:
-    """`{"result": [[{"document": {...}, "score": s} | {"id", "contents"}, ...], ...]}` → docs."""
+    """`{"result": [[{"document": {...}, "score": s} | {"id", "contents"}, ...], ...]}` → docs.
+
+    Anything else, a 200 included, is a ToolError naming what is wrong: a body outside the
+    schema must become a counted failure, never empty passages shown as if the search found them.
+    """
     result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(result, list) or len(result) != n_queries:
-        raise ToolError(f"retriever answered {type(result).__name__} for {n_queries} queries")
+        raise _schema_error(f"'result' is {type(result).__name__}"
+                            + (f" of {len(result)} lists" if isinstance(result, list) else "")
+                            + f" for {n_queries} queries")
     out = []
     for hits in result:
+        if not isinstance(hits, list):
+            raise _schema_error(f"a query's hits are {type(hits).__name__}, not a list")
         docs = []
         for hit in hits:
-            doc = hit.get("document", hit)
-            docs.append(doc_from_contents(doc.get("id", ""), doc.get("contents", "")))
+            doc = hit.get("document", hit) if isinstance(hit, dict) else None
+            if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
+                raise _schema_error(f"a hit has no 'contents' string ({str(hit)[:80]})")
+            docs.append(doc_from_contents(doc.get("id", ""), doc["contents"]))
         out.append(docs)
     return out
 

@@ -6,6 +6,8 @@ from agent_env.tools.http import JsonHttp, ToolError
 
 # Extra seconds the HTTP call waits beyond the sandbox's own run timeout.
 HTTP_MARGIN_S = 5.0
+# SandboxFusion's RunCodeResponse.status values (sandbox_fusion.RunStatus).
+RUN_STATUSES = ("Success", "Failed", "SandboxError")
 
 
 def format_run_result(data: dict) -> str:
@@ -13,8 +15,13 @@ def format_run_result(data: dict) -> str:
     killed (SandboxFusion reports a death by signal N as return code -N; a memory kill is -9)."""
     if not isinstance(data, dict):
         raise ToolError(f"sandbox answered {type(data).__name__}, expected an object")
+    if data.get("status") not in RUN_STATUSES:
+        raise ToolError(f"sandbox answer is not the /run_code schema: status {str(data.get('status'))[:40]!r} "
+                        f"is not one of {RUN_STATUSES}")
     run = data.get("run_result") or {}
     compile_ = data.get("compile_result") or {}
+    if not isinstance(run, dict) or not isinstance(compile_, dict):
+        raise ToolError("sandbox answer is not the /run_code schema: run_result/compile_result is not an object")
     text = (compile_.get("stderr") or "") + (run.get("stdout") or "") + (run.get("stderr") or "")
     status, return_code = run.get("status"), run.get("return_code")
     if status and status != "Finished":

@@ -25,7 +25,10 @@ Unlike OpenRLHF's replay buffer, which shuffles single samples, the shuffle here
 prompt groups (a mini-batch that is a multiple of ``n_samples`` holds complete groups, as in
 verl's mini-batches). Ctrl-C between steps, or before a step's first optimizer step, saves the
 last completed step; Ctrl-C after it keeps the last checkpoint (the weights are then between
-two steps), so ``resume`` always continues from a completed step.
+two steps), so ``resume`` always continues from a completed step. A driver killed outright
+(SIGKILL, a lost machine) resumes the same way: ``resume`` first drops the metrics lines and
+rollout records of steps after the checkpoint, which it then redoes under the same numbers
+(:mod:`.run_files`), so neither file holds a step twice or a line cut short.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from openrlhf_sgrpo.local.experience import Batch, collate
 from openrlhf_sgrpo.local.experience_maker import AdvantageConfig, Experience, make_experience
 from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_probs
 from openrlhf_sgrpo.local.rollout import AgentRollout
+from openrlhf_sgrpo.local.run_files import forget_steps_after
 from openrlhf_sgrpo.local.step_log import StepLogger
 from openrlhf_sgrpo.local.timing import Stopwatch
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
@@ -218,14 +222,24 @@ class LocalTrainer:
         """Load the newest checkpoint under ``out_dir/checkpoints``; False when there is none."""
         path = latest_checkpoint(self.ckpt_dir)
         if path is None:
+            self._forget_steps_after(0)  # killed before the first checkpoint: start clean
             return False
         state = load_checkpoint(path, self.model, self.optimizer)
         self.step, self.stream.cursor = int(state["step"]), int(state["cursor"])
+        self._forget_steps_after(self.step)
         if self.ref_model is not None and (path / "reference.pt").exists():
             self.ref_model.load_state_dict(torch.load(path / "reference.pt", weights_only=True))
         self.rollout.sync_weights(self.model)  # the engine generates with the checkpoint's weights
         log.info("resumed from %s at step %d", path, self.step)
         return True
+
+    def _forget_steps_after(self, step: int) -> None:
+        """Steps after the checkpoint are redone: their metrics lines and records go first
+        (:mod:`.run_files`; a driver killed by SIGKILL leaves them)."""
+        dropped = forget_steps_after(self.out_dir, step)
+        if any(dropped.values()):
+            log.info("resume at step %d: dropped %d metrics line(s) and %d rollout record file(s) of "
+                     "later steps, which are redone", step, dropped["metrics_lines"], dropped["record_files"])
 
     def save(self) -> Path:
         path = save_checkpoint(self.ckpt_dir, self.step, self.model, self.optimizer,
@@ -286,6 +300,7 @@ class LocalTrainer:
             "em": _mean_info(samples, K.EM), "f1": _mean_info(samples, K.F1),
             "tool_calls": _mean_info(samples, K.TOOL_CALLS), "search_calls": _mean_info(samples, K.SEARCH_CALLS),
             "answered": _mean_info(samples, K.ANSWERED), "action_tokens": _mean_info(samples, K.ACTION_TOKENS),
+            "tool_errors": _mean_info(samples, K.TOOL_ERRORS), **_fault_counts(samples),
             "total_length": sum(s.total_length for s in samples) / len(samples),
             "scripted_samples": sum(s.scripted for s in samples),
             "strata_hist": _histogram(adv.strata.tolist()),
@@ -421,6 +436,14 @@ def _mean_over_updates(updates: list[dict]) -> dict[str, float]:
     out["grad_norm"] = live[-1]["grad_norm"]
     out["log_ratio_max"] = max(u["log_ratio_max"] for u in live)
     return out
+
+
+def _fault_counts(samples) -> dict[str, int]:
+    """How many calls failed (per tool) and how many trajectories the time cap ended: a tool
+    outage shows in the step's record as a burst of these."""
+    keys = {"tool_errors_total": K.TOOL_ERRORS, "search_errors_total": K.SEARCH_ERRORS,
+            "code_errors_total": K.CODE_ERRORS, "capped_total": K.CAPPED}
+    return {name: int(sum(s.info.get(key, 0) for s in samples)) for name, key in keys.items()}
 
 
 def _histogram(values: list[int]) -> dict[str, int]:
