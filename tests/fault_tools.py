@@ -190,3 +190,58 @@ def freeze(pid: int) -> None:
 
 def thaw(pid: int) -> None:
     os.kill(pid, signal.SIGCONT)
+
+
+# ---- the single-machine runner killed mid-step (tests/test_faults_local.py) ---------------------
+RESUME_QUESTIONS = [("q0", "What is the capital of France?", ["Paris"]),
+                    ("q1", "What is the capital of Germany?", ["Berlin"]),
+                    ("q2", "What is Earth's highest mountain?", ["Mount Everest"]),
+                    ("q3", "Where did jazz originate?", ["New Orleans"])]
+KILL_MARKER = "killed-here"
+
+
+def build_resume_trainer(out: str, retriever_url: str, sandbox_url: str, steps: int, trainer_cls=None):
+    """The same small run in the child that is killed and in the test that resumes it: tiny
+    Qwen2, real tools, ``spread_script`` first turns, a checkpoint and 2 record groups per step."""
+    from agent_env.config import AgentConfig
+    from openrlhf_sgrpo import assets
+    from openrlhf_sgrpo.engine.hf import HFGenerationEngine
+    from openrlhf_sgrpo.local.data import Question
+    from openrlhf_sgrpo.local.rollout import AgentRollout
+    from openrlhf_sgrpo.local.scripted import spread_script
+    from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
+    from openrlhf_sgrpo.testing import shifted_seed
+
+    model, tok = assets.tiny_qwen2(seed=shifted_seed(0))
+    cfg = AgentConfig(retriever_url=retriever_url, sandbox_url=sandbox_url, template="none", max_turns=1,
+                      max_obs_tokens=32, reward="f1", format_reward=True)
+    rollout = AgentRollout(HFGenerationEngine(model, tok, seed=shifted_seed(1)), tok, cfg, max_len=128,
+                           max_tokens_per_turn=8, first_turn_script=spread_script)
+    tcfg = TrainConfig(steps=steps, prompts_per_step=2, n_samples=4, micro_batch_size=4, lr=1e-3, save_every=1,
+                       record_groups=2, seed=shifted_seed(0))
+    questions = [Question(*q) for q in RESUME_QUESTIONS]
+    return (trainer_cls or LocalTrainer)(model, tok, rollout, questions, tcfg, out), rollout
+
+
+def _resume_child(out: str, retriever_url: str, sandbox_url: str, kill_step: str) -> None:
+    """Train until step ``kill_step`` has logged its metrics line and records, then stop inside
+    its checkpoint save (the window where they are ahead of the checkpoint) and wait there for the
+    test's SIGKILL, after saying so in a marker file."""
+    from pathlib import Path
+
+    from openrlhf_sgrpo.local.trainer import LocalTrainer
+
+    class StopsInSave(LocalTrainer):
+        def save(self):
+            if self.step == int(kill_step):
+                (Path(out) / KILL_MARKER).write_text(str(self.step))
+                signal.pause()  # the test SIGKILLs this process here
+            return super().save()
+
+    trainer, _ = build_resume_trainer(out, retriever_url, sandbox_url, int(kill_step) + 1, StopsInSave)
+    trainer.train(progress=False)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["resume-child"]:
+        _resume_child(*sys.argv[2:6])

@@ -25,11 +25,17 @@ The bounds add SLACK_S for scheduling on a shared 2-core machine; no fixed sleep
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import fault_tools
 import pytest
-from fault_tools import FaultProxy, RetrieverProcess, ToolFaultHook, freeze, thaw
+from fault_tools import KILL_MARKER, FaultProxy, RetrieverProcess, ToolFaultHook, build_resume_trainer, freeze, thaw
 
 from agent_env import info_keys as K
 from agent_env.config import AgentConfig
@@ -333,3 +339,57 @@ def test_run_survives_a_silent_tool_and_garbage_answers(retriever, sandbox, tmp_
         assert 1 <= search_px.requests["silent"] <= len(outcomes[0].calls["search"])
         assert code_px.requests["garbage"] == len(outcomes[1].calls["code"])
     check_run(outcomes, cfg, tmp_path)
+
+
+def test_runner_killed_mid_step_resumes_without_losing_or_doubling_a_step(retriever, sandbox, tmp_path):
+    """The runner (a child process) is SIGKILLed inside step 2's checkpoint save: step 2's metrics
+    line and records are written, its checkpoint is not (the last one is step 1's). The resumed run
+    must continue from step 1 with the same numbering, redo step 2 once and go on to step 3; a
+    metrics line cut short (appended here: what a kill mid-write leaves) must not survive."""
+    out = tmp_path / "run"
+    out.mkdir()
+    sandbox_url = f"http://127.0.0.1:{sandbox.port}/run_code"
+    child = subprocess.Popen([sys.executable, fault_tools.__file__, "resume-child", str(out),
+                              retriever.url + "/retrieve", sandbox_url, "2"])
+    try:
+        deadline = time.monotonic() + 300  # liveness only: two tiny steps plus the child's imports
+        while not (out / KILL_MARKER).exists():
+            assert child.poll() is None, f"the child exited with {child.returncode} before step 2's save"
+            assert time.monotonic() < deadline, "the child never reached step 2's save"
+            time.sleep(0.2)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    killed_at = time.time()
+    metrics = out / "metrics.jsonl"
+    before = metrics.read_bytes().splitlines(keepends=True)
+    assert [json.loads(line)["step"] for line in before] == [1, 2]
+    assert _record_steps(out) == [1, 2] and _checkpoints(out) == ["step_1"]  # ahead of the checkpoint
+    with open(metrics, "ab") as f:
+        f.write(b'{"phase": "train", "step": 3, "rew')  # a line a kill mid-write leaves
+
+    trainer, rollout = build_resume_trainer(str(out), retriever.url + "/retrieve", sandbox_url, 3)
+    try:
+        assert trainer.resume() and trainer.step == 1
+        assert metrics.read_bytes().splitlines(keepends=True) == before[:1] and _record_steps(out) == [1]
+        records = trainer.train(progress=False)
+    finally:
+        rollout.close()
+    assert [r["step"] for r in records] == [2, 3]
+    after = metrics.read_bytes().splitlines(keepends=True)
+    rows = [json.loads(line) for line in after]  # every line whole
+    assert [r["step"] for r in rows] == [1, 2, 3] and after[0] == before[0]
+    assert rows[1]["time"] > killed_at  # step 2 is the resumed run's, not the killed one's
+    assert _record_steps(out) == [1, 2, 3] and _checkpoints(out)[-1] == "step_3"
+    for step in (1, 2, 3):
+        groups = read_jsonl(step_path(out, "train", step)).groups
+        assert [g["group"] for g in groups] == [0, 1] and all(
+            [s["sample"] for s in g["samples"]] == [0, 1, 2, 3] for g in groups)
+
+
+def _record_steps(run: Path) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts" / "train").glob("step_*.jsonl"))
+
+
+def _checkpoints(run: Path) -> list[str]:
+    return sorted((p.name for p in (run / "checkpoints").glob("step_*")), key=lambda n: int(n.split("_")[1]))

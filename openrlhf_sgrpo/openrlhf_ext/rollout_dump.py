@@ -3,11 +3,16 @@
 Written by the experience maker, which runs in one process (OpenRLHF's single controller), after
 the advantages and CalibAdv are final and before the agent's per-turn slots leave
 ``Experience.info``; ``python -m openrlhf_sgrpo.inspect RUN_DIR`` renders them. Steps are numbered
-after the last step file already in ``RUN_DIR``, so a resumed run appends instead of overwriting.
+after the last step file already in ``RUN_DIR``, so a rerun appends instead of overwriting. A run
+resumed with ``--ckpt.load_enable`` continues OpenRLHF's own numbering instead: from the step of
+the checkpoint it loads (DeepSpeed's ``latest`` tag, ``global_step<N>``), after dropping the
+files of later steps, which the resumed run redoes (a driver killed between two checkpoints).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 from openrlhf_sgrpo.openrlhf_ext.calibadv_hook import calibadv_config_from_args
@@ -16,6 +21,22 @@ from openrlhf_sgrpo.rollout_records.sources import records_from_experiences
 from openrlhf_sgrpo.rollout_records.store import RolloutWriter, list_step_files
 
 PHASE = "train"
+_TAG_STEP = re.compile(r"global_step(\d+)$")
+
+
+def resumed_global_step(args: Any) -> int | None:
+    """The step OpenRLHF resumes from (``--ckpt.load_enable`` and a checkpoint under
+    ``--ckpt.path``), read from DeepSpeed's ``<ckpt.path>/_actor/latest`` tag; None otherwise."""
+    ckpt = getattr(args, "ckpt", None)
+    if ckpt is None or not getattr(ckpt, "load_enable", False):
+        return None
+    latest = os.path.join(ckpt.path, "_actor", "latest")
+    try:
+        with open(latest, encoding="utf-8") as f:
+            match = _TAG_STEP.search(f.read().strip())
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
 
 
 class RolloutDump:
@@ -28,7 +49,15 @@ class RolloutDump:
         self.run_dir = getattr(options, "run_dir", None) or args.ckpt.output_dir
         self.step = 0
         if self.max_groups:
-            self.step = max((f.step for f in list_step_files(self.run_dir) if f.phase == PHASE), default=0)
+            files = [f for f in list_step_files(self.run_dir) if f.phase == PHASE]
+            resumed = resumed_global_step(args)
+            if resumed is None:
+                self.step = max((f.step for f in files), default=0)
+            else:
+                for f in files:
+                    if f.step > resumed:
+                        f.path.unlink()
+                self.step = resumed
 
     def __call__(self, experiences: list, opts: SGRPOOptions, advantage_key: str | None) -> None:
         if not self.max_groups or not experiences:
