@@ -56,10 +56,11 @@ CORPUS = [
 def ray_module(*test_modules: ModuleType):
     """``ray``, with this module and the calling test modules pickled by value: the workers cannot
     import ``tests/``, so functions defined here and there travel as code."""
+    import engine_probe
     import ray
     from ray import cloudpickle
 
-    for module in (sys.modules[__name__], *test_modules):
+    for module in (sys.modules[__name__], engine_probe, *test_modules):
         cloudpickle.register_pickle_by_value(module)
     return ray
 
@@ -187,21 +188,14 @@ def cpu_actor_trainer(args, model, vllm_engines=None, strategy=None, scheduler=N
 
 def scramble_(model) -> None:
     """A known, large weight change in place: every weight of the last MLP flips sign and the
-    embedding scales by 3, so the policy's output and log-probs move far from the fitted ones."""
+    embedding scales by 3 (and an untied LM head with it), so the policy's output and log-probs
+    move far from the fitted ones."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "layers.1.mlp" in name:
                 p.neg_()
-            if name.endswith("embed_tokens.weight"):
+            if name.endswith(("embed_tokens.weight", "lm_head.weight")):  # a tied head is listed once
                 p.mul_(3.0)
-
-
-def greedy(engine, prompt_ids: list[int], tokens: int = 12) -> list[int]:
-    import ray
-    import vllm
-
-    params = vllm.SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
-    return list(ray.get(engine.generate.remote(prompt_ids, params)).outputs[0].token_ids)
 
 
 def sample_record(s) -> dict:

@@ -39,13 +39,13 @@ from cluster_world import (
     cpu_actor_trainer,
     experiences_of,
     generator_batch,
-    greedy,
     needs_vllm,
     sample_record,
     scramble_,
     shm_files,
     trainer_kwargs,
 )
+from engine_probe import check_sync_round_trip, expected_engine_tensors, reference_log_probs, state_in_rollout_actor
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
@@ -59,7 +59,6 @@ from cluster_world import ALPHA, MAX_LEN, MAX_TURNS, N, TEMPERATURE, TOKENS_PER_
 _shm_files = shm_files
 _trainer_kwargs = trainer_kwargs
 _cpu_actor_trainer = cpu_actor_trainer
-_greedy = greedy
 _sample_record = sample_record
 _experiences_of = experiences_of
 _async_generator_samples = generator_batch
@@ -120,8 +119,11 @@ def _sapo_loss_of_a_new_actor_trainer(actor, args) -> str:
     return type(_cpu_actor_trainer(args, torch.nn.Linear(1, 1)).actor_loss_fn).__name__
 
 
-def _broadcast_changes_then_restores_greedy_output(actor, args, policy_dir: str, engines, prompt_ids) -> dict:
-    """Inside a policy actor: the trainer's own ``broadcast_to_vllm`` after a known weight change."""
+def _broadcast_round_trip(actor, args, policy_dir: str, engines, sequence) -> dict:
+    """Inside a policy actor: the trainer's own ``broadcast_to_vllm`` after a known weight change
+    and after the weights went back; the engine's state (``engine_probe``) and the trainer's fp32
+    log-probs and tensors at each point, checked here."""
+    import ray
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
@@ -131,20 +133,31 @@ def _broadcast_changes_then_restores_greedy_output(actor, args, policy_dir: str,
         dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)  # non-colocated: a sync group is asked for
-    before = _greedy(engines[0], prompt_ids)
+    states, references, expected = {}, {}, {}
+
+    def record(key: str) -> None:
+        states[key] = ray.get(engines[0].__ray_call__.remote(state_in_rollout_actor, sequence))
+        references[key] = reference_log_probs(model, sequence)
+        expected[key] = expected_engine_tensors(model)
+
+    record("before")
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     scramble_(model)
     trainer.broadcast_to_vllm()
-    changed = _greedy(engines[0], prompt_ids)
+    record("changed")
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(saved[name])
     trainer.broadcast_to_vllm()
-    restored = _greedy(engines[0], prompt_ids)
+    record("restored")
     dist.destroy_process_group()
     from openrlhf_sgrpo.engine.weight_sync import leftover_files
 
-    return {"before": before, "changed": changed, "restored": restored, "left": [str(p) for p in leftover_files()]}
+    engine_dtype = states["before"]["tensors"]["model.embed_tokens.weight"].dtype
+    gaps = check_sync_round_trip(states, references, expected, dtype=engine_dtype)
+    # (no ``model.config`` here: with ``torch.distributed`` imported above, cloudpickle would take
+    # the name for a submodule, ``torch.distributed.config``, and fail on it)
+    return {"gaps": gaps, "dtype": str(engine_dtype), "left": [str(p) for p in leftover_files()]}
 
 
 def _maker_class(trainer) -> str:
@@ -431,24 +444,28 @@ def test_engine_reports_unfinished_requests_while_it_generates(cluster, engines,
 
 @needs_vllm
 def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines, policy_dir):
-    """The policy actor's own ``ActorPPOTrainer.broadcast_to_vllm`` moves known weights into the engine:
-    its greedy output changes with them and comes back when they are restored; no file is left."""
+    """The policy actor's own ``ActorPPOTrainer.broadcast_to_vllm`` moves known weights into the
+    engine: every readable engine tensor is the trainer's (rounded to bf16, OpenRLHF's engine
+    dtype) and the engine's teacher-forced log-probs are the trainer's within bf16's tolerance,
+    after the change and after the restore, tied LM head included; no file is left. Values and
+    tolerances, not greedy text: that flips on a near-tie when the processor's kernels change."""
     import openrlhf.cli.train_ppo_ray as upstream_cli
     from openrlhf.trainer.ray.launcher import RayActorGroup
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     ray = cluster
-    prompt = AutoTokenizer.from_pretrained(policy_dir)(QUESTIONS[0][0]).input_ids
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    sequence = tok(QUESTIONS[0][0]).input_ids + tok(" <search> france </search>").input_ids
     group = RayActorGroup(1, 1, upstream_cli.PolicyModelActor, pg=None, num_gpus_per_actor=1)
     try:
-        (report,) = ray.get([a.__ray_call__.remote(_broadcast_changes_then_restores_greedy_output, args,
-                                                   str(policy_dir), engines, prompt)
+        (report,) = ray.get([a.__ray_call__.remote(_broadcast_round_trip, args, str(policy_dir), engines, sequence)
                              for a in group._actor_handlers])
     finally:
         for a in group._actor_handlers:
             ray.kill(a)
-    assert report["changed"] != report["before"], report
-    assert report["restored"] == report["before"], report
+    print(f"broadcast round trip: {report}")
+    assert report["dtype"] == "torch.bfloat16"  # what the check covered: OpenRLHF's engine dtype,
+    assert AutoConfig.from_pretrained(policy_dir).tie_word_embeddings  # and a tied LM head
     assert report["left"] == []
 
 

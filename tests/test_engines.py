@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from cluster_world import scramble_
+from engine_probe import check_sync_round_trip, expected_engine_tensors, reference_log_probs, state_of_local_engine
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -36,6 +37,7 @@ CORPUS = [
     {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
 ]
 MAX_LEN = 512
+HEAD_GAIN = 20.0  # the untied random model's head scale: the scramble then moves ~25 nats/token
 
 
 def _shm() -> set[str]:
@@ -149,25 +151,70 @@ def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine,
     print(f"whole trajectories identical on both engines: {sum(same)} of {len(same)}")
 
 
-def test_sync_weights_changes_then_restores_greedy_output(vllm_engine, policy):
-    _, model, tok = policy
-    prompts = [_prompt_ids(tok, QUESTIONS[0][0])]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    before = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
+def _sync_round_trip(engine, model, sequence: list[int]) -> tuple[dict, dict, dict]:
+    """The engine's state, the trainer's fp32 log-probs and tensors before a known weight change,
+    after it was synced, and after the old weights were synced back."""
+    states, references, expected = {}, {}, {}
+
+    def record(key: str) -> None:
+        states[key] = state_of_local_engine(engine, sequence)
+        references[key] = reference_log_probs(model, sequence)
+        expected[key] = expected_engine_tensors(model)
+
+    record("before")
     saved = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
         scramble_(model)
-        assert vllm_engine.sync_weights(model) == len(saved)
-        changed = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
+        assert engine.sync_weights(model) == len(saved)
+        record("changed")
     finally:
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(saved[name])
-        vllm_engine.sync_weights(model)
-    restored = _generate(vllm_engine, prompts, params)[0].outputs[0].token_ids
-    assert list(changed) != list(before)
-    assert list(restored) == list(before)
+        engine.sync_weights(model)
+    record("restored")
+    return states, references, expected
+
+
+def _probe_sequence(tok) -> list[int]:
+    """A prompt and the fitted search action after it: the log-probs of a realistic trajectory."""
+    return _prompt_ids(tok, QUESTIONS[0][0]) + tok("<search> france </search>", add_special_tokens=False).input_ids
+
+
+def test_sync_weights_reach_the_engine_and_come_back(vllm_engine, policy):
+    """A known change reaches every readable tensor exactly and the engine's log-probs become the
+    changed trainer's (tied LM head included: vLLM's CPU build re-packs it only through
+    ``repack_tied_head``); syncing the old weights back restores both. Checked by value and
+    tolerance (``engine_probe``), not by greedy text, so it holds on every processor."""
+    _, model, tok = policy
+    assert model.config.tie_word_embeddings
+    gaps = check_sync_round_trip(*_sync_round_trip(vllm_engine, model, _probe_sequence(tok)), dtype=torch.float32)
+    print(f"mean |engine - trainer| log-prob gaps (nats/token): {gaps}")
     assert leftover_files() == []
+
+
+def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path):
+    """The same round trip for a model whose LM head is a matrix of its own, in bf16 (the dtype
+    OpenRLHF's engines serve): the head is reloaded as a weight, not re-packed from the embedding."""
+    from openrlhf_sgrpo import assets
+
+    _, _, tok = policy
+    model, _ = assets.tiny_qwen2(seed=1)
+    model.config.tie_word_embeddings = False
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(model.config).eval()
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():  # a confident head (random init is near-uniform), so the change shows
+        model.lm_head.weight.mul_(HEAD_GAIN)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    engine = build_engine("vllm", model, tok, model_path=str(tmp_path), max_batch=2, max_model_len=MAX_LEN,
+                          dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=64 << 20)
+    try:
+        gaps = check_sync_round_trip(*_sync_round_trip(engine, model, _probe_sequence(tok)), dtype=torch.bfloat16)
+    finally:
+        engine.close()
+    print(f"untied bf16 mean |engine - trainer| log-prob gaps (nats/token): {gaps}")
 
 
 def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):

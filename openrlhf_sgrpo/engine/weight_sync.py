@@ -78,9 +78,57 @@ def reload_worker_weights(worker, path: str) -> int:
             yield item
 
     worker.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+    repack_tied_head(worker.get_model())
     return count
+
+
+def _tied_head(model) -> torch.nn.Module | None:
+    """The model's LM head where it shares its weight with the input embedding, else None."""
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.numel() == 0:
+        return None
+    for name, module in model.named_modules():
+        if module is head or not name.endswith("embed_tokens"):
+            continue
+        other = getattr(module, "weight", None)
+        if isinstance(other, torch.Tensor) and other.data_ptr() == weight.data_ptr():
+            return head
+    return None
+
+
+def repack_tied_head(model) -> bool:
+    """Re-pack a tied LM head's GEMM from the reloaded embedding; True if there was one to re-pack.
+
+    vLLM's CPU build computes every Linear, the LM head included, through a handle packed from its
+    weight when the weights are processed (``dispatch_cpu_unquantized_gemm``: a oneDNN or AMX
+    layout, a copy). A reload in checkpoint format finds no tensor of its own for a tied head
+    (it logs "ParallelLMHead: Failed to load weights") and does not process it again: the
+    embedding moves, the head's packed copy keeps the weights of the first load. Measured on the
+    fitted tiny Qwen2 after a known change (embedding x3): the engine's log-probs matched a model
+    with the *old* head to 1e-6 and the trainer's to 16 nats/token. On a GPU there is no packed
+    copy (the head reads the shared parameter), so nothing is done there."""
+    head = _tied_head(model)
+    if head is None or not hasattr(head, "cpu_linear"):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
 
 
 def leftover_files(directory: Path | None = None) -> list[Path]:
     """Weight files of this module still present (a test checks a sync leaves none)."""
     return sorted((directory or _shared_memory_dir()).glob(f"{FILE_PREFIX}*"))
+
+
+def read_worker_weights(worker) -> dict[str, torch.Tensor]:
+    """Inside a vLLM worker (``collective_rpc``): a copy of every tensor the model still holds in
+    readable form, under vLLM's names (fused ``qkv_proj`` / ``gate_up_proj``), for checking what a
+    sync delivered. vLLM's CPU build repacks Linear weights for its GEMM kernels and leaves their
+    parameters empty, so those are absent here; the LM head is read as ``lm_head.weight`` even where
+    it is tied to the embedding (it is a module of its own, which ``named_parameters`` dedupes)."""
+    model = worker.get_model()
+    tensors = {name: p.detach().to("cpu").clone() for name, p in model.named_parameters() if p.numel() > 0}
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if isinstance(head, torch.Tensor) and head.numel() > 0:
+        tensors["lm_head.weight"] = head.detach().to("cpu").clone()
+    return tensors
