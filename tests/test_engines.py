@@ -37,6 +37,9 @@ CORPUS = [
     {"id": "3", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare.'},
 ]
 MAX_LEN = 512
+# fp32 logits of the same weights through vLLM's and torch's kernels differ by ~1e-5; a greedy
+# token is the trainer's argmax up to this much (a near-tie may resolve either way)
+ARGMAX_SLACK = 1e-3
 HEAD_GAIN = 20.0  # the untied random model's head scale: the scramble then moves ~25 nats/token
 
 
@@ -100,22 +103,33 @@ def test_stop_strings_end_the_turn_and_the_budget_cuts_it(vllm_engine, policy):
     assert len(cut.outputs[0].token_ids) == 3 and cut.outputs[0].finish_reason == "length"
 
 
-def test_greedy_tokens_agree_with_the_hf_engine(vllm_engine, policy):
-    """fp32 on both sides: the same greedy tokens, up to a near-tie of the top two logits (none
-    happens in the fitted actions; the free-running tail after them is reported, not required)."""
+def _argmax_shortfall(model, prompt: list[int], generated: list[int]) -> torch.Tensor:
+    """Per generated token: how far its logit falls below the best logit of the trainer's own fp32
+    forward of ``prompt + generated`` (0 where it is the argmax)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + list(generated)])).logits[0, len(prompt) - 1: -1].float()
+    picked = logits.gather(1, torch.tensor(list(generated))[:, None])[:, 0]
+    return logits.max(-1).values - picked
+
+
+def test_greedy_tokens_are_the_trainer_models_argmax(vllm_engine, policy):
+    """fp32 engine, fp32 trainer: every greedy token vLLM picks is the argmax of the trainer's own
+    forward, up to float noise (ARGMAX_SLACK). A near-tie (the fitted policy answers gold or wrong
+    half and half) may go either way on another processor's kernels, so the tokens are not
+    compared with the HF engine's; how many agree is printed."""
     _, model, tok = policy
     prompts = [_prompt_ids(tok, q) for q, _ in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     ours = _generate(vllm_engine, prompts, params)
     theirs = _generate(build_engine("hf", model, tok, max_batch=4), prompts, params)
     agree = []
-    for a, b in zip(ours, theirs):
+    for prompt, a, b in zip(prompts, ours, theirs):
         x, y = a.outputs[0].token_ids, b.outputs[0].token_ids
-        same = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
-        agree.append(same)
-        action = len(tok("<search> france </search>", add_special_tokens=False).input_ids)
-        assert same >= action, (same, tok.decode(x), tok.decode(y))
-    print(f"greedy tokens identical before the first difference: {agree} of 32")
+        assert len(x) == 32
+        shortfall = _argmax_shortfall(model, prompt, x)
+        assert float(shortfall.max()) <= ARGMAX_SLACK, (shortfall.tolist(), tok.decode(x))
+        agree.append(next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x)))
+    print(f"greedy tokens identical to the HF engine's before the first difference: {agree} of 32")
 
 
 def _rollout(engine, tok, urls) -> list:
@@ -132,13 +146,21 @@ def _rollout(engine, tok, urls) -> list:
 
 
 def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine, policy, services):
-    """OpenRLHF's executor with our agent and the real tools, greedy, once per engine: the first
-    turn (the fitted action) gives the same tokens, mask, turn kind and tool call on both."""
+    """OpenRLHF's executor with our agent and the real tools, greedy, once per engine: the first turn
+    has the same kind and tool call on both, the decisive fitted actions (search, code) the same
+    tokens; every first turn is the trainer's argmax on both engines (the answer's name is a
+    fitted coin flip, so its tokens may differ between kernels and are not compared)."""
     _, model, tok = policy
     ours, theirs = _rollout(vllm_engine, tok, services), _rollout(build_engine("hf", model, tok), tok, services)
     assert [s.info[K.turn_kind_key(0)] for s in ours] == [K.KIND_SEARCH, K.KIND_CODE, K.KIND_ANSWER]
-    for a, b in zip(ours, theirs):
-        assert a.info[K.turn_kind_key(0)] == b.info[K.turn_kind_key(0)]
+    assert [s.info[K.turn_kind_key(0)] for s in theirs] == [K.KIND_SEARCH, K.KIND_CODE, K.KIND_ANSWER]
+    for samples in (ours, theirs):
+        for s in samples:
+            start, end = int(s.info[K.turn_start_key(0)]), int(s.info[K.turn_end_key(0)])
+            seq = s.sequences.tolist()
+            assert float(_argmax_shortfall(model, seq[:start], seq[start:end]).max()) <= ARGMAX_SLACK
+            assert all(s.action_mask[start - 1:end - 1].tolist())  # the turn is the policy's
+    for a, b in list(zip(ours, theirs))[:2]:  # search and code: the same action, token for token
         end = int(a.info[K.turn_end_key(0)])
         assert end == int(b.info[K.turn_end_key(0)])
         assert a.sequences[:end].tolist() == b.sequences[:end].tolist()
@@ -146,7 +168,6 @@ def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine,
     search, code, _ = ours
     assert search.info[K.SEARCH_CALLS] >= 1 and code.info[K.CODE_CALLS] >= 1
     assert f"<result>{CODE_OUTPUT}" in tok.decode(code.sequences)  # the sandbox ran print(6 * 7)
-    # the observation after the first turn is the tools' (deterministic), so it is the same too
     same = [a.sequences.tolist() == b.sequences.tolist() for a, b in zip(ours, theirs)]
     print(f"whole trajectories identical on both engines: {sum(same)} of {len(same)}")
 
