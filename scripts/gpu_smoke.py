@@ -11,7 +11,11 @@ and the real sandbox on loopback, SmolLM2-135M-Instruct saved as an HF folder. R
 steps of ``stratified_grpo``. Run B: the same with SAPO and CalibAdv on and two optimizer steps
 per rollout (mini-batch = half the rollout), so SAPO's ratio can leave 1. After each run the
 TensorBoard log is read back (``openrlhf_sgrpo.cli.tb_summary``): reward, tool calls, strata per
-prompt, the ``sgrpo/*`` monitors (and ``sapo/*``, ``calibadv/*`` for run B) for every step.
+prompt, the ``sgrpo/*`` monitors (and ``sapo/*``, ``calibadv/*`` for run B) and OpenRLHF's
+``timing/*`` for every step, then the per-step time split (``openrlhf_sgrpo.cli.step_times``:
+generation, the retriever wait measured where the smoke serves it, experience making, training,
+weight sync). The policy's optimizer is torch's fused AdamW (``--sgrpo.optimizer torch_fused``):
+no CUDA extension is compiled on the GPU machine.
 Needs a CUDA machine with ``requirements-gpu.txt`` installed; docs/deploy.md records runs.
 
 ``--engine hf`` runs the same two runs with ``--sgrpo.rollout_engine hf`` (the project's HF engine
@@ -24,18 +28,26 @@ search-only templates never call it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from openrlhf_sgrpo.cli.step_times import ToolIntervals
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS_PER_STEP = 4
 SAMPLES_PER_PROMPT = 8
 ALPHA = 0.8  # instruct model
-REQUIRED_A = ["reward", "tool_calls", "sgrpo/strata_per_prompt", "sgrpo/var_reduction"]
+# OpenRLHF's own per-phase seconds (PPOTrainer.fit); the smoke adds the tool wait (step_times)
+TIMING = ["timing/generation", "timing/make_experience", "timing/ppo_train", "timing/broadcast"]
+REQUIRED_A = ["reward", "tool_calls", "sgrpo/strata_per_prompt", "sgrpo/var_reduction", *TIMING]
 REQUIRED_B = REQUIRED_A + ["sapo/term", "sapo/penalized_share", "calibadv/mean_turn_score"]
 
 
@@ -78,6 +90,8 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         "--logger.tensorboard_dir", str(out / f"tb_{run}"),
         "--ckpt.path", str(out / f"ckpt_{run}"), "--ckpt.output_dir", str(out / f"model_{run}"),
         "--ckpt.save_steps", "-1",
+        # torch's fused AdamW through DeepSpeed's torch_adam: nothing for nvcc to build in the policy actor
+        "--sgrpo.optimizer", "torch_fused",
     ]
     if run == "B":
         args += ["--algo.sapo.enable", "--algo.calibadv.enable"]
@@ -100,6 +114,38 @@ def agent_config(out: Path, retriever_url: str, sandbox_url: str | None, templat
         lines.append(f"sandbox_url: {sandbox_url}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def smoke_services(index_dir: Path, sandbox: bool, tool_spans: ToolIntervals) -> Iterator[tuple[str, str | None]]:
+    """The retriever (each request's span recorded for the step-time split) and, if asked, the
+    sandbox, on loopback; as ``local_services`` starts them, both stopped on exit."""
+    from retriever_server.background import RunningServer
+    from retriever_server.config import ServerConfig
+
+    with contextlib.ExitStack() as stack:
+        srv = stack.enter_context(RunningServer(ServerConfig(index=str(index_dir), topk=3)))
+        srv.app.wsgi_app = tool_spans.wrap(srv.app.wsgi_app)  # waitress calls the Flask app, which calls this
+        sandbox_url = None
+        if sandbox:
+            from sandbox.process import SandboxProcess
+
+            sandbox_url = f"{stack.enter_context(SandboxProcess(backend='local', max_concurrency=4)).url}/run_code"
+        yield f"{srv.url}/retrieve", sandbox_url
+
+
+def print_time_split(tb_dir: Path, spans: list[tuple[float, float]], out: Path, run: str) -> None:
+    """The per-step split (generation, tool wait, experience, training, weight sync), spans kept."""
+    from openrlhf_sgrpo.cli import step_times
+
+    (out / f"tool_spans_{run}.jsonl").write_text("".join(json.dumps(list(s)) + "\n" for s in spans))
+    phases = step_times.read_phases(tb_dir)
+    rows = step_times.step_rows(phases, spans)
+    first = phases.get(1, {})
+    if "wall" in first and first.get("step_total") is not None:  # gpu_vllm_run.sh's timeline reads this
+        print(f"[gpu_smoke] run {run} step 1 started at epoch {first['wall'] - first['step_total']:.1f}")
+    print(f"[gpu_smoke] run {run} time split (s; tool_wait = time with a retriever call in flight):")
+    print(step_times.split_table(rows), flush=True)
 
 
 def run_cli(args: list[str], env: dict[str, str], dry_run: bool) -> int:
@@ -131,14 +177,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_env.config import CONFIG_ENV
     from openrlhf_sgrpo.cli import tb_summary
-    from openrlhf_sgrpo.local.services import cached_index_for, local_services
+    from openrlhf_sgrpo.cli.step_times import ToolIntervals
+    from openrlhf_sgrpo.local.services import cached_index_for
 
     paths = prepare(out, a.steps, a.policy)
     agent_file = str(REPO / "agent_env" / "openrlhf_agent.py")
-    with local_services(cached_index_for(paths["corpus"]), sandbox=not (a.dry_run or a.no_sandbox)) as urls:
-        config = agent_config(out, urls.retriever_url, urls.sandbox_url, a.template)
+    spans = ToolIntervals()
+    with smoke_services(cached_index_for(paths["corpus"]), not (a.dry_run or a.no_sandbox), spans) as urls:
+        config = agent_config(out, *urls, a.template)
         env = {**os.environ, CONFIG_ENV: str(config)}
         for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
+            spans.take()  # the retriever's warm-up and the previous run are not this run's
             flags = cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra
             code = run_cli(flags, env, a.dry_run)
             if code != 0:
@@ -149,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_smoke] run {run} ({'stratified_grpo' if run == 'A' else '+ SAPO + CalibAdv'}):")
             check = ["--steps", str(a.steps)] + [x for key in required for x in ("--require", key)]
             code = tb_summary.main([str(out / f"tb_{run}"), *check])
+            print_time_split(out / f"tb_{run}", spans.take(), out, run)
             if code != 0:
                 return code
     return 0

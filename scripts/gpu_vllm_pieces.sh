@@ -5,6 +5,7 @@
 # device call each can carry (64 MiB per call with the working tree). The machine reaches no
 # network and keeps /tmp only while warm, so the calls follow one another at once; the last one
 # runs scripts/gpu_vllm_run.sh. Ran on an H200 on 2026-11-26 (docs/deploy.md): 5 pieces, ~5 s each.
+# Rehearsed on a CPU first: scripts/gpu_rehearsal.sh.
 #
 # Usage: scripts/gpu_vllm_pieces.sh [VENV_PYTHON]   (default .venv/bin/python; writes .whl/vp, ignored)
 set -euo pipefail
@@ -22,7 +23,8 @@ nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-
 nvidia-nvshmem-cu13 nvidia-nvtx opencv-python-headless packaging pandas peft pillow pip pluggy prometheus-client
 propcache protobuf psutil py-cpuinfo pyarrow pygments pyyaml regex requests rich safetensors scipy
 sentence-transformers sentencepiece setuptools six sympy tensorboard tiktoken tokenizers torch torchaudio
-torchmetrics torchvision tqdm transformers triton typing-extensions urllib3 uvloop werkzeug wheel xxhash yarl"
+torchmetrics torchvision tqdm transformers triton typing-extensions urllib3 uvloop werkzeug wheel xxhash yarl
+matplotlib"
 # vLLM 0.26.0 requirements the smoke never imports (optional kernels for other models/GPUs, media,
 # the Anthropic API front end); flashinfer too: gpu_vllm_run.sh sets VLLM_USE_FLASHINFER_SAMPLER=0.
 LEAVE_OUT="torchcodec,pynvvideocodec,nvidia-cutlass-dsl,quack-kernels,tokenspeed-mla,humming-kernels,tilelang,
@@ -56,7 +58,9 @@ size=$(stat -c %s "$WORK/site.tar.xz")
 n=$(( (size + 62 * 1024 * 1024 - 1) / (62 * 1024 * 1024) ))   # pieces <= 62 MiB + the ~2 MiB tree
 split -n "$n" -d -a 2 "$WORK/site.tar.xz" "$OUT/piece-"
 echo "$((size >> 20)) MiB in $n pieces under $OUT. Device calls, back to back (one piece each):"
+# the first call writes the machine's start time (/tmp/vp/t0): gpu_vllm_run.sh's timeline counts from it
 for p in "$OUT"/piece-*; do
-  echo "  run(carry=[\"$p\"], command=\"mkdir -p /tmp/vp && cp $p /tmp/vp/\")"
+  echo "  run(carry=[\"$p\"], timeout_s=60, command=\"mkdir -p /tmp/vp && { [ -f /tmp/vp/t0 ] || date +%s > /tmp/vp/t0; } && cp $p /tmp/vp/\")"
 done
-echo "  the last piece's call: command=\"bash scripts/gpu_vllm_run.sh 540 2; cp /tmp/gpu_out/* \$OUT/\""
+echo "  then at once: run(timeout_s=570, command=\"bash scripts/gpu_vllm_run.sh 540 2\")   (logs in \$OUT)"
+echo "  (or carry the last piece with that call: the script copies .whl/vp/piece-* itself)"

@@ -1,36 +1,36 @@
 #!/usr/bin/env bash
 # The lent GPU machine's last call: unpack the pieces that scripts/gpu_vllm_pieces.sh cut (vLLM 0.26.0,
 # Ray, DeepSpeed, OpenRLHF and what the image lacks, carried over earlier calls into /tmp/vp), then
-# run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm), the engine bench (our
-# VLLMGenerationEngine on CUDA, its weight sync included) and, with the time left, the GRPO vs
-# Stratified GRPO study (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS, small by default). Logs and the
-# study's table go to $OUT.
+# run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm: run A stratified_grpo, run B
+# SAPO + CalibAdv, each SMOKE_STEPS steps, every step and monitor read back from TensorBoard, and
+# the per-step time split), then with the time left the GRPO vs Stratified GRPO study
+# (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). The engine bench runs only with BENCH=1.
+# Logs, the time split and the study's table go to $OUT.
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
-# SECONDS is the wall time this call may use: the smoke first, then the bench, then the study with what is left.
+# SECONDS is the wall time this call may use. The timing plan (docs/deploy.md, "CPU rehearsal"):
+# the first piece call starts the machine and writes /tmp/vp/t0; every milestone below is printed
+# as seconds since then ("T+"), so the log shows whether the first training step began within
+# 4 minutes of the machine's start and the sequence ended inside 12 of the 15 device minutes.
+# SMOKE_EXTRA: more train_ppo_ray flags for both runs (default --vllm.enforce_eager; set it empty
+# for CUDA graphs). The CPU rehearsal (scripts/gpu_rehearsal.sh) runs this script too, with
+# SITE_ROOT/VP_DIR in its own folder, SMOKE_FLAGS=--dry-run and a CPU study.
 set -uo pipefail
 budget="${1:?usage: gpu_vllm_run.sh SECONDS [SMOKE_STEPS]}"
 steps="${2:-2}"
 OUT="${OUT:-/tmp/gpu_out}"
-mkdir -p "$OUT" /tmp/vp
+root="${SITE_ROOT:-/tmp}"
+mkdir -p "$OUT" "${VP_DIR:-/tmp/vp}"
 start=$(date +%s)
+t0=$(cat "${VP_DIR:-/tmp/vp}/t0" 2>/dev/null || echo "$start")   # the first device call's clock: the machine's start
 left() { echo $((budget - ($(date +%s) - start))); }
+mark() { echo "[gpu_vllm_run] T+$(( $(date +%s) - t0 )) s: $*" | tee -a "$OUT/timeline.txt"; }
+mark "last call starts (budget $budget s)"
 
-cp .whl/vp/piece-* /tmp/vp/ 2>/dev/null
-if [ ! -d /tmp/site/vllm ]; then
-  if command -v xz >/dev/null; then cat /tmp/vp/piece-* | xz -dc -T0 | tar x -C /tmp
-  else cat /tmp/vp/piece-* | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp')"
-  fi || { echo "unpacking the pieces failed"; ls -la /tmp/vp; exit 3; }
-fi
-# wheels that replace or add to the pieces (a fix found after they were cut): carried in .whl/vp/extra
-if ls .whl/vp/extra/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/vp/extra/*.whl
-fi
-echo "[gpu_vllm_run] unpacked in $(( $(date +%s) - start )) s"
-# flashinfer is not carried (vLLM then samples top-k/top-p in torch); the Ray workers inherit this
-export VLLM_USE_FLASHINFER_SAMPLER=0
-export PYTHONPATH="/tmp/site:$PWD" PATH="/tmp/site/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+bash scripts/gpu_vllm_unpack.sh "$root" || exit 3
+mark "unpacked"
+source scripts/gpu_vllm_env.sh "$root/site"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/device.txt"
 python3 - <<'EOF' 2>&1 | grep -v Warning | tee -a "$OUT/device.txt"
 import importlib, platform
 print("python", platform.python_version())
@@ -41,25 +41,36 @@ for m in ("torch", "vllm", "ray", "deepspeed", "openrlhf", "transformers"):
         print(m, "IMPORT FAILED:", repr(e)[:300])
 EOF
 
-smoke_s=$(( $(left) - 100 - ${STUDY_RESERVE_S:-0} ))
-echo "[gpu_vllm_run] smoke: $steps steps per run, up to $smoke_s s"
-timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out /tmp/gpu_smoke \
-  -- --vllm.enforce_eager > "$OUT/smoke.log" 2>&1
-echo "[gpu_vllm_run] smoke exit $? after $(( $(date +%s) - start )) s"
-grep -E "^\[gpu_smoke\]|step|Error|error|Traceback" "$OUT/smoke.log" | grep -v "^\[gpu_smoke\] /" | tail -60
+# The smoke gets all but the study's reserve (default: none; the study runs on what is left).
+smoke_s=$(( $(left) - 20 - ${STUDY_RESERVE_S:-0} ))
+read -r -a smoke_extra <<< "${SMOKE_EXTRA---vllm.enforce_eager}"
+mark "smoke: $steps steps per run, up to $smoke_s s, extra flags: ${smoke_extra[*]:-none}"
+read -r -a smoke_flags <<< "${SMOKE_FLAGS:-}"
+timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out "$root/gpu_smoke" \
+  "${smoke_flags[@]}" -- "${smoke_extra[@]}" > "$OUT/smoke.log" 2>&1
+smoke_rc=$?
+mark "smoke exit $smoke_rc"
+# when each run's first training step began (OpenRLHF logs each step's timing/* with it)
+grep -E "^\[gpu_smoke\] run [AB] step 1 started" "$OUT/smoke.log" | while read -r _ _ run _ _ _ _ _ epoch; do
+  echo "[gpu_vllm_run] T+$(awk -v e="$epoch" -v t="$t0" 'BEGIN { printf "%.0f", e - t }') s: run $run's first training step started"
+done | tee -a "$OUT/timeline.txt"
+grep -E "^\[gpu_smoke\]|^\| |Error|error|Traceback" "$OUT/smoke.log" | grep -v "^\[gpu_smoke\] /" | tail -60
 
-bench_s=$(( $(left) - 10 ))
-if [ "$bench_s" -gt 45 ]; then
-  timeout "$bench_s" python3 bench/engine_throughput.py --vllm-dtype bfloat16 --prompts 64 --tokens 128 \
+if [ "${BENCH:-0}" = 1 ] && [ "$(( $(left) - 10 ))" -gt 45 ]; then
+  timeout "$(( $(left) - 10 ))" python3 bench/engine_throughput.py --vllm-dtype bfloat16 --prompts 64 --tokens 128 \
     > "$OUT/bench.log" 2>&1
-  echo "[gpu_vllm_run] bench exit $?"; tail -8 "$OUT/bench.log"
+  mark "bench exit $?"; tail -8 "$OUT/bench.log"
 fi
 
-# the study gets what is left (reserve it with STUDY_RESERVE_S); a seed cut off leaves its partial run
+# the study gets what is left; a seed cut off leaves its partial run
 study_s=$(( $(left) - 15 ))
 if [ "$study_s" -gt 120 ]; then
   read -r -a study_args <<< "${STUDY_ARGS:---seeds 0 1 -- --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 --micro-batch-size 8 --concurrency 64}"
-  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out /tmp/gpu_study "${study_args[@]}" > "$OUT/study.log" 2>&1
-  echo "[gpu_vllm_run] study exit $?"; cp /tmp/gpu_study/study_table.md /tmp/gpu_study/study.json "$OUT/" 2>/dev/null
+  mark "study: up to $study_s s"
+  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${study_args[@]}" > "$OUT/study.log" 2>&1
+  mark "study exit $?"; cp "$root"/gpu_study/study_table.md "$root"/gpu_study/study.json "$OUT/" 2>/dev/null
   tail -20 "$OUT/study.log"
+else
+  mark "no time left for the study ($study_s s)"
 fi
+exit "$smoke_rc"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from openrlhf_sgrpo.advantages import STD_KINDS, STRATIFIED_ESTIMATORS
 from openrlhf_sgrpo.openrlhf_ext.config import DEFAULT_ALPHA, DEFAULT_EPS, DEFAULT_STD
+from openrlhf_sgrpo.openrlhf_ext.torch_adam import DEFAULT_OPTIMIZER, OPTIMIZERS
 from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by
 
 ESTIMATOR_DEST = "algo.advantage.estimator"
@@ -54,6 +55,11 @@ def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
                    help="vllm: OpenRLHF's engines. hf: the project's batched transformers engine in their place "
                         "(much slower; for machines where vLLM does not install): needs --train.colocate_all, "
                         "--vllm.tensor_parallel_size 1 and --train.agent_func_path; weights reach it over CUDA IPC")
+    o = parser.add_argument_group("openrlhf-sgrpo: optimizer")
+    o.add_argument("--sgrpo.optimizer", type=str, default=DEFAULT_OPTIMIZER, choices=list(OPTIMIZERS),
+                   help="the policy's AdamW: deepspeed = DeepSpeed's FusedAdam (CPUAdam with --ds.adam_offload), "
+                        "JIT-compiled with nvcc on first use (upstream's default); torch_fused = torch.optim.AdamW "
+                        "(fused=True) through DeepSpeed's torch_adam setting: the same update, nothing to compile")
     g.add_argument("--dry_run", action="store_true", default=False,
                    help="print the parsed, hierarchized config as JSON and exit (no Ray, no GPU)")
     for add, _ in _EXTENSIONS:
@@ -83,6 +89,9 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     errors.extend(_stratified_option_errors(args))
     errors.extend(_is_correction_errors(args))
     errors.extend(_rollout_engine_errors(args))
+    if args.sgrpo.optimizer != DEFAULT_OPTIMIZER and args.actor.optim != "adam":
+        errors.append(f"--sgrpo.optimizer {args.sgrpo.optimizer} picks the AdamW kernel; it does not apply to "
+                      f"--actor.optim {args.actor.optim}")
     for _, validate in _EXTENSIONS:
         errors.extend(validate(args))
     return errors

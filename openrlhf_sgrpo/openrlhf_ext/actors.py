@@ -16,7 +16,8 @@ assignment, exactly like OpenRLHF's own classes.
   from its module's globals, so it points that name at ours, in that process, first.
 - ``PolicyModelActor``: wraps ``ActorPPOTrainer`` with SAPO in its own process (inert unless
   ``--algo.sapo.enable``) and with the CPU weight sync to vLLM (inert where CUDA exists,
-  :mod:`openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync`).
+  :mod:`openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync`), and makes its DeepSpeed config carry
+  ``--sgrpo.optimizer`` (:mod:`openrlhf_sgrpo.openrlhf_ext.torch_adam`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from openrlhf.trainer.ray import ppo_actor
 from openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync import install_cpu_weight_sync
 from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch
+from openrlhf_sgrpo.openrlhf_ext.torch_adam import install_optimizer_choice
 
 
 def _plain(actor_cls):
@@ -81,11 +83,12 @@ class SGRPOPPOTrainerAsyncImpl(_plain(ppo_trainer_async.PPOTrainerAsync)):
 
 class SGRPOPolicyModelActorImpl(_plain(ppo_actor.PolicyModelActor)):
     """OpenRLHF's policy actor; its process builds ``ActorPPOTrainer`` with the SAPO wrapper and
-    the CPU weight sync to vLLM (inert where CUDA exists)."""
+    the CPU weight sync to vLLM (inert where CUDA exists) and ``--sgrpo.optimizer`` in its DeepSpeed config."""
 
     def __init__(self, *args, **kwargs) -> None:
         install_sapo_patch()
         install_cpu_weight_sync()
+        install_optimizer_choice()
         super().__init__(*args, **kwargs)
 
 

@@ -56,6 +56,8 @@ CONTRACT: tuple[UpstreamName, ...] = (
                  why="how every engine loads --train.agent_func_path (agent_env/openrlhf_agent.py)"),
     UpstreamName("openrlhf.trainer.ray.vllm_engine", "RolloutRayActor",
                  why="the engine interface HFRolloutActor serves (generate_responses, get_num_unfinished_requests)"),
+    UpstreamName("openrlhf.utils.deepspeed.deepspeed", "DeepspeedStrategy._ds_init_train_model",
+                 ("get_ds_train_config",), "builds the training config through the method --sgrpo.optimizer wraps"),
     UpstreamName("openrlhf.utils.agent", "MultiTurnAgentExecutor", why="base of agent_env.executor.AgentExecutor"),
 )
 
