@@ -18,6 +18,8 @@ own venv (``tests/test_gpu_rehearsal.py``). Checks:
 - ``engine_args``: the keyword arguments OpenRLHF's ``create_vllm_engines`` gives each
   ``RolloutRayActor`` (called as ``train()`` calls it, the actor recorded instead of started), then
   built into vLLM's ``AsyncEngineArgs`` exactly as the actor does; the worker extension class imported.
+- ``vllm_contract``: what ``RolloutRayActor`` calls on vLLM's engine (names, keywords against the
+  signatures) and what OpenRLHF's ``WorkerWrap`` (the weight sync) reads on vLLM's GPU worker.
 - ``workers``: Ray started with the CLI's runtime env (its worker hook runs in every worker); one
   fresh actor process per kind of worker (rollout engine, policy, reference, trainer) imports
   what that worker imports.
@@ -192,6 +194,83 @@ def engine_args(out: Path) -> str:
     getattr(importlib.import_module(module), cls)
     (out / "engine_args.json").write_text(json.dumps(built, indent=1, default=str))
     return f"{len(built)} engines' AsyncEngineArgs built: " + json.dumps(built[0], default=str)
+
+
+def _self_attrs(cls: type) -> tuple[set[str], set[str], list[tuple[str, list[str]]]]:
+    """What ``cls``'s own methods read and assign on ``self``, and its ``self.llm.<name>(kw=...)`` calls."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    reads, writes, llm_calls = set(), set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            (writes if isinstance(node.ctx, ast.Store) else reads).add(node.attr)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "llm"):
+            llm_calls.append((node.func.attr, [k.arg for k in node.keywords if k.arg]))
+    return reads, writes, llm_calls
+
+
+def _assigned_on_self(classes: list[type], attr: str) -> bool:
+    """Whether any of ``classes`` (their MROs' sources) assigns ``self.<attr>``."""
+    import inspect
+    import re
+
+    pattern = re.compile(rf"self\.{attr}\s*(:[^=]+)?=[^=]")
+    for cls in classes:
+        for base in cls.__mro__:
+            try:
+                if pattern.search(inspect.getsource(base)):
+                    return True
+            except (OSError, TypeError):
+                continue
+    return False
+
+
+@check
+def vllm_contract(out: Path) -> str:
+    """What OpenRLHF 0.11.2 calls on vLLM 0.26.0 that only a GPU run would exercise: the engine
+    methods ``RolloutRayActor`` calls (names and keywords against their signatures) and what
+    its worker extension ``WorkerWrap`` (CUDA IPC / NCCL weight sync) reads on vLLM's GPU worker."""
+    import inspect
+
+    from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
+
+    gpu_import_standins.install_missing_flash_attn()
+    import vllm
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+    from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as RunnerV1
+    from vllm.v1.worker.gpu_worker import Worker
+
+    problems = []
+    engine = vllm.AsyncLLMEngine
+    _, _, calls = _self_attrs(RolloutRayActor.__ray_actor_class__)
+    for name, keywords in calls:
+        method = getattr(engine, name, None)
+        if method is None:
+            if not _assigned_on_self([engine], name):
+                problems.append(f"AsyncLLMEngine has no {name}")
+            continue
+        params = inspect.signature(method).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        problems += [f"AsyncLLMEngine.{name} takes no {k}=" for k in keywords if k not in params and not takes_any]
+    reads, writes, _ = _self_attrs(WorkerWrap)
+    needed = sorted(reads - writes - {n for n in dir(WorkerWrap)})
+    problems += [f"vLLM's GPU Worker never sets self.{a} (WorkerWrap reads it)"
+                 for a in needed if not _assigned_on_self([Worker], a)]
+    problems += [f"{r.__module__}.{r.__name__} never sets self.model (WorkerWrap loads weights through it)"
+                 for r in (RunnerV1, RunnerV2) if not _assigned_on_self([r], "model")]
+    if not callable(getattr(LlamaForCausalLM, "load_weights", None)):
+        problems.append("vLLM's LlamaForCausalLM (SmolLM2) has no load_weights")
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    return (f"{len(calls)} engine calls of RolloutRayActor match AsyncLLMEngine; WorkerWrap's reads "
+            f"{needed} are set by vLLM's GPU Worker; both model runners set .model")
 
 
 WORKER_IMPORTS = {
