@@ -51,7 +51,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
     config.validate()
     if retriever is None and config.index:
         retriever = Retriever(config.index, model=config.model, device=config.device, mmap=config.mmap,
-                              fp16=config.fp16, max_length=config.max_length)
+                              fp16=config.fp16, max_length=config.max_length, nprobe=config.nprobe)
         retriever.warmup(config.max_batch if config.batching else 1)
     web = web or SerperClient.from_env(cache_path=config.web_cache, retries=config.web_retries,
                                        backoff_s=config.web_backoff_s)
@@ -127,11 +127,14 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
                                 "batching": config.batching}
         if state.retriever is not None:
             info.update(state.retriever.info())
+            info["memory"] = state.retriever.memory()
         return jsonify(info)
 
     @app.get("/metrics")
     def metrics():
         snap = state.metrics.snapshot()
+        if state.retriever is not None:
+            snap["memory"] = state.retriever.memory()
         if state.service is not None:
             c = state.service.cache
             snap["cache"] = {"size": len(c), "capacity": c.capacity, "hits": c.hits, "misses": c.misses,

@@ -27,7 +27,8 @@ from . import __version__
 from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, DocStoreWriter
 from .encoder import Encoder, load_encoder
-from .faiss_index import INDEX_FILE, INDEX_TYPES, build_from_chunks, write_index
+from .faiss_index import (DEFAULT_IVF_NPROBE, INDEX_FILE, INDEX_TYPES, STREAMED_TYPES, build_from_chunks,
+                          write_index)
 from .profiles import DEFAULT_MODEL, Profile, resolve_profile
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def _check_resume_state(out: Path, state: dict[str, Any], overwrite: bool) -> No
     """Refuse to mix chunks from another corpus/model into this build."""
     f = out / STATE_FILE
     if overwrite and out.exists():
-        for name in (CHUNK_DIR,):
+        for name in (CHUNK_DIR, ".import"):  # .import: ivf_stream's unfinished blocks
             shutil.rmtree(out / name, ignore_errors=True)
         for name in (STATE_FILE, META_FILE, INDEX_FILE):
             (out / name).unlink(missing_ok=True)
@@ -161,8 +162,16 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
     count = writer.close()
     if count == 0:
         raise BuildError(f"corpus {corpus_path} holds no passages")
-    index = build_from_chunks(index_type, enc.dim, files, count)
-    write_index(index, out / INDEX_FILE)
+    if index_type in STREAMED_TYPES:  # the import's streaming IVF builder, one chunk in RAM at a time
+        from .ivf_stream import ChunkFilesSource, StreamingIVFBuilder, StreamSettings
+
+        info = StreamingIVFBuilder(ChunkFilesSource(files), out, StreamSettings(index_type),
+                                   progress=progress).build()
+        state = {**state, "nlist": info["nlist"], "nprobe": min(info["nlist"], DEFAULT_IVF_NPROBE),
+                 "ivf_factory": info["factory"]}
+    else:
+        index = build_from_chunks(index_type, enc.dim, files, count)
+        write_index(index, out / INDEX_FILE)
     meta = write_meta(out, state, prof, index_type, enc.dim, count, corpus_path)
     if not keep_chunks:
         shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)

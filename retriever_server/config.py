@@ -14,6 +14,7 @@ class ServerConfig:
     model: str | None = None  # override meta.json's model (e.g. a local copy of the same weights)
     device: str = "cpu"
     mmap: bool = False
+    nprobe: int | None = None  # IVF lists searched per query; default: meta.json's (set at build)
     fp16: bool = False
     max_length: int | None = None  # query truncation; default: the build's max_length
     topk: int = 3
@@ -43,6 +44,7 @@ class ServerConfig:
             (self.topk >= 1, f"--topk must be >= 1, got {self.topk}"),
             (self.max_topk >= self.topk, f"--max-topk ({self.max_topk}) must be >= --topk ({self.topk})"),
             (self.max_queries >= 1, f"--max-queries must be >= 1, got {self.max_queries}"),
+            (self.nprobe is None or self.nprobe >= 1, f"--nprobe must be >= 1, got {self.nprobe}"),
             (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
             (self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}"),
             (self.batch_window_ms >= 0, f"--batch-window-ms must be >= 0, got {self.batch_window_ms}"),

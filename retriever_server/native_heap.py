@@ -43,19 +43,44 @@ if _MALLINFO2 is not None:
     _MALLINFO2.restype = _MallInfo2
 
 
+_STATUS_FIELDS = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb",
+                  "RssShmem:": "rss_shmem_mb"}
+
+
 def process_memory() -> dict[str, float]:
-    """RSS, and on glibc the heap's bytes in use and free inside it (where RSS growth hides;
-    trimmed free pages still count as free here but no longer in RSS)."""
+    """RSS split into private memory (``rss_anon_mb``: heap, model weights; what the machine must
+    really hold) and mapped file pages (``rss_file_mb``: libraries and a memory-mapped index,
+    reclaimable page cache), and on glibc the heap's bytes in use and free inside it (where RSS
+    growth hides; trimmed free pages still count as free here but no longer in RSS)."""
     out: dict[str, float] = {}
     try:
         with open("/proc/self/status") as f:
-            out["rss_mb"] = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-    except (OSError, StopIteration):
+            for line in f:
+                key = _STATUS_FIELDS.get(line.split(":", 1)[0] + ":")
+                if key:
+                    out[key] = int(line.split()[1]) / 1024
+    except OSError:
         pass
     if _MALLINFO2 is not None:
         m = _MALLINFO2()
         out.update(heap_in_use_mb=m.uordblks / MB, heap_free_mb=m.fordblks / MB, mmapped_mb=m.hblkhd / MB)
     return out
+
+
+def mapped_file_mb(paths: set[str]) -> float:
+    """Resident pages of this process's mappings of ``paths`` (e.g. the index's lists file), from
+    /proc/self/smaps: the part of ``rss_file_mb`` that is the index, not the libraries."""
+    total_kb, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                    inside = line.rstrip("\n").rsplit(" ", 1)[-1] in paths
+                elif inside and line.startswith("Rss:"):
+                    total_kb += int(line.split()[1])
+    except OSError:
+        return 0.0
+    return total_kb / 1024
 
 
 class HeapTrimmer:

@@ -15,7 +15,9 @@ import numpy as np
 from .build_index import META_FILE
 from .docstore import DOCS_FILE, DocStore
 from .encoder import Encoder, load_encoder
-from .faiss_index import INDEX_FILE, Searcher, make_searcher, read_index
+from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, Searcher, make_searcher, read_index
+from .ivf_stream import IVFDATA_FILE
+from .native_heap import mapped_file_mb, process_memory
 from .profiles import Profile
 
 log = logging.getLogger(__name__)
@@ -72,7 +74,7 @@ class Retriever:
 
     def __init__(self, index_dir: str | Path, *, model: str | None = None, device: str = "cpu",
                  mmap: bool = False, fp16: bool = False, max_length: int | None = None,
-                 encoder: Encoder | None = None) -> None:
+                 encoder: Encoder | None = None, nprobe: int | None = None) -> None:
         self.index_dir = Path(index_dir)
         self.meta = load_meta(self.index_dir)
         self.profile = Profile.from_dict(self.meta["profile"])
@@ -81,7 +83,11 @@ class Retriever:
         self.max_length = max_length or self.meta.get("max_length", 256)
         self.max_query_chars = self.max_length * MAX_CHARS_PER_TOKEN
         self.docs = DocStore(self.index_dir)
-        self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap)
+        self.nprobe = int(nprobe or self.meta.get("nprobe", DEFAULT_IVF_NPROBE))
+        self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap, nprobe=self.nprobe)
+        # files whose mapped pages are the index's (page cache), reported apart from private memory
+        self._mapped = {str(p.resolve()) for p in (self.index_dir / INDEX_FILE, self.index_dir / IVFDATA_FILE)
+                        if p.exists()}
         self.searcher = make_searcher(self.index, device=device)
         self.encoder = encoder or load_encoder(self.model, self.profile, device=device, fp16=fp16,
                                                max_length=self.max_length)
@@ -128,7 +134,15 @@ class Retriever:
     def documents(self, hits: Sequence[Hit]) -> list[dict[str, str]]:
         return self.docs.get_many([h.row for h in hits])
 
+    def memory(self) -> dict[str, float]:
+        """Private memory (``rss_anon_mb``: must fit the machine) apart from the index's mapped
+        file pages (``index_mapped_mb``: page cache the kernel can reclaim and re-read)."""
+        mem = process_memory()
+        mem["index_mapped_mb"] = mapped_file_mb(self._mapped)
+        return mem
+
     def info(self) -> dict[str, Any]:
+        ivf = self.meta.get("nlist")
         return {"model": self.model, "profile": self.profile.name, "index_type": self.meta.get("index_type"),
                 "index_size": self.size, "dim": self.dim, "device": self.device,
-                "search_backend": self.searcher.backend}
+                "search_backend": self.searcher.backend, **({"nlist": ivf, "nprobe": self.nprobe} if ivf else {})}

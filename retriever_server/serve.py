@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
     p.add_argument("--device", default=d.device, help="cpu | cuda | cuda:N")
     p.add_argument("--mmap", action="store_true", help="memory-map the FAISS index (flat RAM at startup)")
     p.add_argument("--fp16", action="store_true")
+    p.add_argument("--nprobe", type=int, help="IVF lists searched per query (default: the index's meta.json)")
     p.add_argument("--max-length", type=int, help="query truncation (default: the build's)")
     p.add_argument("--topk", type=int, default=d.topk)
     p.add_argument("--max-topk", type=int, default=d.max_topk)

@@ -1,0 +1,334 @@
+"""Stream vectors (a Search-R1 flat file or synthetic rows) into an IVF index whose inverted lists
+live in one memory-mapped file, with bounded RAM, a progress bar, and resume after a crash.
+
+Why this shape: at wiki-18 scale (21M x 768) the fp32 vectors are 64.5 GB and even their SQ8
+codes are 16 GB, more than a 24 GB machine should hold in private memory. FAISS's
+``OnDiskInvertedLists`` keeps the lists in a file the server maps read-only: the pages are page
+cache (reclaimable, shared, reported apart from private memory), not heap.
+
+Phases, each leaving only complete files behind (written under a ``.part`` name, then renamed):
+
+1. **train**: the coarse quantizer (k-means, ``nlist`` centroids) and the SQ8/PQ codebooks on a
+   sample read from ``SAMPLE_WINDOWS`` evenly spaced windows of the source (corpus order is topic
+   order in wiki-18, so one window would be one topic) → ``trained.index``.
+2. **add**: chunk ``i`` (``chunk_rows`` rows, the only vectors in RAM) is assigned to lists and
+   encoded into a small IVF index ``block_i.index``. A restart skips the blocks on disk.
+3. **merge**: FAISS merges every block's lists into ``index.ivfdata`` (mmapped, so RSS is page
+   cache) and writes ``index.faiss``, which names that file; both are renamed into the output
+   folder, and the caller writes ``meta.json`` last. The server refuses a folder without it.
+
+``state.json`` records the source and the settings; a restart with other ones is refused with
+the differing fields named, never mixed into the same blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+WORK_DIR = ".import"  # inside the output folder: blocks and state of an unfinished conversion
+STATE_FILE = "state.json"
+TRAINED_FILE = "trained.index"
+IVFDATA_FILE = "index.ivfdata"
+SAMPLE_WINDOWS = 64
+# index kinds a stream can become, and the FAISS code each list entry holds
+STREAM_KINDS = {"ivf_sq8": "SQ8", "ivf_pq": "PQ{m}"}
+# kinds that exist in the server but cannot be built by streaming, and why
+NOT_STREAMABLE = {
+    "hnsw32": "an HNSW graph over full vectors keeps every vector in RAM while it is built "
+              "(64 GB at wiki-18 scale; Search-R1's and ROLL's CPU option)",
+    "sq8": "a flat SQ8 index scans all codes for every query (16 GB per query at wiki-18 scale)",
+    "ivf,pq": "the in-RAM build of build_index; use ivf_pq here for the streamed, on-disk one",
+}
+
+
+class ConversionError(RuntimeError):
+    """A conversion that cannot go on; the message says what to change."""
+
+
+class VectorSource(Protocol):
+    ntotal: int
+    dim: int
+
+    def read(self, start: int, stop: int) -> np.ndarray: ...
+
+    def identity(self) -> dict[str, object]: ...
+
+
+class ChunkFilesSource:
+    """build_index's embedding chunks (``emb_NNNNNN.npy``, in row order) as one vector source."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = [Path(f) for f in files]
+        arrays = [np.load(f, mmap_mode="r") for f in self.files]
+        self.starts = np.cumsum([0] + [len(a) for a in arrays])
+        self.ntotal, self.dim = int(self.starts[-1]), int(arrays[0].shape[1]) if arrays else 0
+
+    def identity(self) -> dict[str, object]:
+        return {"source": "build_index chunks", "files": len(self.files), "ntotal": self.ntotal, "dim": self.dim}
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        parts = []
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        for i in range(max(first, 0), len(self.files)):
+            lo, hi = int(self.starts[i]), int(self.starts[i + 1])
+            if lo >= stop:
+                break
+            a = np.load(self.files[i], mmap_mode="r")
+            parts.append(np.asarray(a[max(start, lo) - lo:min(stop, hi) - lo], dtype=np.float32))
+        return np.ascontiguousarray(np.concatenate(parts)) if parts else np.zeros((0, self.dim), np.float32)
+
+
+def default_nlist(n: int) -> int:
+    """~sqrt(n) lists, a power of two: the assignment cost (n x nlist x dim) must fit a 2-core
+    budget at 21M rows (4,096 lists), and each list needs >= 39 training points."""
+    if n < 39 * 4:
+        return 1
+    p = 2 ** round(math.log2(math.sqrt(n)))
+    return int(max(1, min(p, 65536, n // 39)))
+
+
+def pq_m(dim: int) -> int:
+    """PQ sub-quantizers of 8 bits: dim/8 bytes per vector (96 at 768-d), dividing dim."""
+    for m in range(max(1, dim // 8), 0, -1):
+        if dim % m == 0:
+            return m
+    return 1
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    kind: str = "ivf_sq8"
+    nlist: int = 0  # 0 = default_nlist(ntotal)
+    chunk_rows: int = 262_144
+    train_rows: int = 0  # 0 = 40 x nlist (k-means needs >= 39 per centroid)
+    kmeans_iters: int = 10
+    seed: int = 0
+    # lists are chosen in a PCA space of this many dimensions (0: the full vectors). Assigning
+    # 21M rows to 4,096 lists costs n x nlist x dim; at 128 of 768 dims that is 6x less (measured
+    # by bench/retriever_index_choice.py, with the recall it costs)
+    coarse_dim: int = 128
+
+    def resolved(self, ntotal: int) -> StreamSettings:
+        nlist = self.nlist or default_nlist(ntotal)
+        train = self.train_rows or max(40 * nlist, 10_000)
+        return replace(self, nlist=nlist, train_rows=min(train, ntotal))
+
+    def factory(self, dim: int) -> str:
+        code = STREAM_KINDS[self.kind].format(m=pq_m(dim))
+        coarse = f"PCA{self.coarse_dim}-" if 0 < self.coarse_dim < dim else ""
+        return f"IVF{self.nlist}({coarse}FlatL2),{code}"
+
+
+def make_trained(sample: np.ndarray, s: StreamSettings):
+    """An empty IVF index trained on ``sample``: coarse centroids by k-means (in a PCA space when
+    ``coarse_dim`` is set; L2 there, which for unit vectors ranks like inner product), then the
+    SQ8 ranges / PQ codebooks on the raw vectors (no residuals: the codes do not depend on the
+    approximate coarse space, and a scanned list costs the same)."""
+    faiss = _faiss()
+    dim = sample.shape[1]
+    if 0 < s.coarse_dim < dim:
+        pca = faiss.PCAMatrix(dim, s.coarse_dim)
+        pca.train(sample)
+        xs = pca.apply(sample)
+    else:
+        pca, xs = None, sample
+    km = faiss.Kmeans(xs.shape[1], s.nlist, niter=s.kmeans_iters, seed=s.seed,
+                      max_points_per_centroid=max(40, len(xs) // max(s.nlist, 1) + 1))
+    km.train(xs)
+    flat = faiss.IndexFlatL2(xs.shape[1])
+    flat.add(km.centroids)
+    quantizer = faiss.IndexPreTransform(pca, flat) if pca is not None else flat
+    mt = faiss.METRIC_INNER_PRODUCT
+    if s.kind == "ivf_sq8":
+        index = faiss.IndexIVFScalarQuantizer(quantizer, dim, s.nlist, faiss.ScalarQuantizer.QT_8bit, mt, False)
+    else:
+        index = faiss.IndexIVFPQ(quantizer, dim, s.nlist, pq_m(dim), 8, mt)
+    index.by_residual = False
+    index.own_fields = True
+    quantizer.this.disown()
+    if pca is not None:
+        flat.this.disown()
+        quantizer.own_fields = True
+        pca.this.disown()
+    index.train(sample)  # the quantizer already holds nlist centroids: only the codes train
+    return index
+
+
+def check_kind(kind: str) -> None:
+    if kind in STREAM_KINDS:
+        return
+    why = NOT_STREAMABLE.get(kind)
+    raise ConversionError(f"index type {kind!r} cannot be built by streaming"
+                       + (f": {why}" if why else "")
+                       + f"; choose one of {', '.join(STREAM_KINDS)}")
+
+
+def code_bytes(kind: str, dim: int) -> int:
+    return dim if kind == "ivf_sq8" else pq_m(dim)
+
+
+def estimate_output_bytes(kind: str, dim: int, ntotal: int) -> int:
+    """The merged lists (codes + 8-byte ids) plus centroids: what index.ivfdata + index.faiss hold."""
+    return ntotal * (code_bytes(kind, dim) + 8) + 4 * dim * default_nlist(ntotal) * 2 + (1 << 20)
+
+
+def _faiss():
+    import faiss
+
+    return faiss
+
+
+def _write_atomic(index, path: Path) -> None:
+    tmp = path.with_name(path.name + ".part")
+    _faiss().write_index(index, str(tmp))
+    tmp.replace(path)
+
+
+def _sample(source: VectorSource, n: int, windows: int = SAMPLE_WINDOWS) -> np.ndarray:
+    """``n`` rows from ``windows`` evenly spaced contiguous windows (sequential reads)."""
+    windows = max(1, min(windows, n))
+    per = math.ceil(n / windows)
+    starts = np.linspace(0, max(source.ntotal - per, 0), windows).astype(np.int64)
+    parts = [source.read(int(s), int(min(s + per, source.ntotal))) for s in starts]
+    return np.ascontiguousarray(np.concatenate(parts)[:n], dtype=np.float32)
+
+
+class StreamingIVFBuilder:
+    """Build ``out/index.faiss`` + ``out/index.ivfdata`` from ``source``; see the module doc."""
+
+    def __init__(self, source: VectorSource, out_dir: str | Path, settings: StreamSettings = StreamSettings(),
+                 *, progress: bool = True) -> None:
+        check_kind(settings.kind)
+        if settings.chunk_rows <= 0:
+            raise ConversionError(f"--chunk-rows must be positive, got {settings.chunk_rows}")
+        self.source, self.out = source, Path(out_dir)
+        self.settings = settings.resolved(source.ntotal)
+        self.work = self.out / WORK_DIR
+        self.progress = progress
+        self.n_chunks = math.ceil(source.ntotal / self.settings.chunk_rows)
+        self.timings: dict[str, float] = {}
+
+    # -- state ---------------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"source": self.source.identity(), "settings": asdict(self.settings),
+                "factory": self.settings.factory(self.source.dim)}
+
+    def _check_state(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        f, state = self.work / STATE_FILE, self._state()
+        if f.exists():
+            old = json.loads(f.read_text())
+            diff = [k for k in state if old.get(k) != state[k]]
+            if diff:
+                raise ConversionError(
+                    f"{self.work} holds an unfinished conversion with different {', '.join(diff)} "
+                    f"({'; '.join(f'{k}: {old.get(k)} != {state[k]}' for k in diff)}); "
+                    "pass --overwrite to discard it, or another --out")
+        else:
+            tmp = f.with_name(f.name + ".part")
+            tmp.write_text(json.dumps(state, indent=1))
+            tmp.replace(f)
+
+    def _block(self, i: int) -> Path:
+        return self.work / f"block_{i:05d}.index"
+
+    def done_chunks(self) -> list[int]:
+        return [i for i in range(self.n_chunks) if self._block(i).exists()]
+
+    # -- phases --------------------------------------------------------------------------------
+    def train(self):
+        faiss = _faiss()
+        path = self.work / TRAINED_FILE
+        if path.exists():
+            return faiss.read_index(str(path))
+        t0 = time.perf_counter()
+        s = self.settings
+        sample = _sample(self.source, s.train_rows)
+        log.info("training %s on %d sampled rows", s.factory(self.source.dim), len(sample))
+        index = make_trained(sample, s)
+        _write_atomic(index, path)
+        self.timings["train_s"] = time.perf_counter() - t0
+        return index
+
+    def add(self, trained, on_chunk: Callable[[int, np.ndarray], None] | None = None) -> None:
+        faiss = _faiss()
+        s, n = self.settings, self.source.ntotal
+        done = set(self.done_chunks())
+        t0 = time.perf_counter()
+        with tqdm(total=n, initial=min(n, sum(min(s.chunk_rows, n - i * s.chunk_rows) for i in done)),
+                  desc="import: assign + encode", unit="vec", unit_scale=True, disable=not self.progress,
+                  mininterval=5.0, smoothing=0.1) as bar:
+            for i in range(self.n_chunks):
+                if i in done:
+                    continue
+                start, stop = i * s.chunk_rows, min(n, (i + 1) * s.chunk_rows)
+                x = self.source.read(start, stop)
+                if on_chunk is not None:
+                    on_chunk(start, x)
+                block = faiss.clone_index(trained)
+                block.add_with_ids(x, np.arange(start, stop, dtype=np.int64))
+                _write_atomic(block, self._block(i))
+                del block, x
+                bar.update(stop - start)
+        self.timings["add_s"] = time.perf_counter() - t0
+
+    def merge(self, trained) -> None:
+        """Every block's lists → ``index.ivfdata`` (one file, list by list), then ``index.faiss``."""
+        faiss = _faiss()
+        t0 = time.perf_counter()
+        ivfdata_tmp = self.work / IVFDATA_FILE
+        ivfdata_tmp.unlink(missing_ok=True)
+        blocks, keep = [], []
+        for i in range(self.n_chunks):
+            b = faiss.read_index(str(self._block(i)), faiss.IO_FLAG_MMAP)  # lists mapped, not loaded
+            keep.append(b)
+            ivf = faiss.extract_index_ivf(b)
+            blocks.append(ivf.invlists)
+        index = faiss.clone_index(trained)
+        ivf = faiss.extract_index_ivf(index)
+        invlists = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(ivfdata_tmp))
+        vec = faiss.InvertedListsPtrVector()
+        for il in blocks:
+            vec.push_back(il)
+        ntotal = invlists.merge_from_multiple(vec.data(), vec.size(), False, False)
+        if ntotal != self.source.ntotal:
+            raise ConversionError(f"merged {ntotal} vectors, expected {self.source.ntotal}")
+        index.ntotal = ivf.ntotal = ntotal
+        invlists.filename = str((self.out / IVFDATA_FILE).resolve())  # where it will be after the rename
+        ivf.replace_invlists(invlists, True)
+        invlists.this.disown()
+        # index.faiss names index.ivfdata; the server reads it with IO_FLAG_ONDISK_SAME_DIR, so
+        # only the file name matters and the folder can move.
+        index_tmp = self.work / "index.faiss"
+        _write_atomic(index, index_tmp)
+        del index, keep, blocks
+        ivfdata_tmp.replace(self.out / IVFDATA_FILE)
+        index_tmp.replace(self.out / "index.faiss")
+        self.timings["merge_s"] = time.perf_counter() - t0
+
+    def build(self, on_chunk: Callable[[int, np.ndarray], None] | None = None) -> dict[str, Any]:
+        """All phases (resuming what is on disk); returns the settings and per-phase seconds."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._check_state()
+        trained = self.train()
+        self.add(trained, on_chunk)
+        self.merge(trained)
+        shutil.rmtree(self.work, ignore_errors=True)
+        return {"factory": self.settings.factory(self.source.dim), **asdict(self.settings), **self.timings}
+
+
+def discard_unfinished(out_dir: str | Path) -> None:
+    shutil.rmtree(Path(out_dir) / WORK_DIR, ignore_errors=True)

@@ -1,0 +1,160 @@
+"""Deterministic synthetic "embeddings" with cluster structure, for measuring the retriever at
+wiki-18 scale where 21M real E5 vectors cannot be computed (2 CPU cores encode ~10 passages/s).
+
+Row ``i`` is generated from its block alone (``BLOCK_ROWS`` rows per block, seeded by
+``(seed, block)``), so any chunk of any size can be regenerated without the rows before it: the
+21M serving index is built by streaming these straight into the IVF builder, with no 64 GB source
+file on disk. Each vector is
+
+    normalize(a * mu + b * C[topic] + c * (P[h1(topic, sub)] + P[h2(topic, sub)]) / sqrt(2) + s * noise)
+
+with ``mu`` a direction shared by every row (real E5 vectors are anisotropic: unrelated passages
+still have cosine ~0.7), 1,024 topics, 256 sub-topics per topic (so ~80 rows per sub-topic at
+21M, ~8 at 2M: the corpus grows denser as it grows, like a real one) built from a 4,096-entry
+table so no per-sub-topic table is stored, and uniform noise (cheaper to draw than Gaussian; in
+768 dimensions the sum is as good as Gaussian).
+
+How it differs from real E5 embeddings (docs/retriever.md says the same): isotropic noise around
+each sub-topic (real neighbourhoods are anisotropic and heavy-tailed, with hubs), no
+near-duplicate passages, queries drawn from the passages' own distribution (real E5 queries are
+encoded with ``query:`` and sit apart from passages), and every pair of topics equally far apart.
+Recall measured on it is therefore a property of the index on *this* distribution, not a promise
+about wiki-18.
+
+Model names ``synthetic-clusters:dim=768,seed=0`` select :class:`SyntheticEncoder`, which maps a
+query text to a held-out vector of the same distribution (hash of the text -> topic, sub-topic,
+noise) and ``synthetic passage <row>`` to row ``<row>``: the server can then be measured
+end to end through ``/retrieve`` with the encoder's cost taken out ("search-only").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .profiles import Profile
+
+MODEL_PREFIX = "synthetic-clusters:"
+BLOCK_ROWS = 8192
+TOPICS = 1024
+SUBTOPICS = 256
+TABLE = 4096
+WEIGHTS = (0.55, 0.6, 0.45, 0.6)  # a (shared direction), b (topic), c (sub-topic), s (noise)
+_PASSAGE = re.compile(r"synthetic passage (\d+)\b")
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    dim: int = 768
+    seed: int = 0
+
+    @property
+    def model_name(self) -> str:
+        return f"{MODEL_PREFIX}dim={self.dim},seed={self.seed}"
+
+    @classmethod
+    def from_model_name(cls, name: str) -> SyntheticSpec:
+        if not name.startswith(MODEL_PREFIX):
+            raise ValueError(f"{name!r} is not a synthetic model name ({MODEL_PREFIX}dim=N,seed=N)")
+        try:
+            kv = dict(part.split("=", 1) for part in name[len(MODEL_PREFIX):].split(",") if part)
+            return cls(dim=int(kv.get("dim", 768)), seed=int(kv.get("seed", 0)))
+        except ValueError:
+            raise ValueError(f"bad synthetic model name {name!r}: expected {MODEL_PREFIX}dim=N,seed=N") from None
+
+
+def _hash(a: np.ndarray, salt: int) -> np.ndarray:
+    """A cheap vectorized integer hash (splitmix-style) → [0, TABLE)."""
+    x = (a.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(salt)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    x ^= x >> np.uint64(31)
+    x = (x * np.uint64(0xBF58476D1CE4E5B9)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    x ^= x >> np.uint64(29)
+    return (x % np.uint64(TABLE)).astype(np.int64)
+
+
+class SyntheticVectors:
+    """Rows of the synthetic corpus by range, and held-out query vectors by text."""
+
+    def __init__(self, spec: SyntheticSpec = SyntheticSpec(), ntotal: int = 0) -> None:
+        self.spec, self.dim, self.ntotal = spec, spec.dim, ntotal
+        self.model = spec.model_name
+        rng = np.random.default_rng([spec.seed, 7])
+        self.mu = self._unit(rng.standard_normal((1, spec.dim), dtype=np.float32))[0]
+        self.topics = self._unit(rng.standard_normal((TOPICS, spec.dim), dtype=np.float32))
+        self.table = self._unit(rng.standard_normal((TABLE, spec.dim), dtype=np.float32))
+
+    @staticmethod
+    def _unit(x: np.ndarray) -> np.ndarray:
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    def identity(self) -> dict[str, object]:
+        return {"source": self.spec.model_name, "ntotal": self.ntotal, "dim": self.dim}
+
+    def _make(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b, c, s = WEIGHTS
+        topic = rng.integers(0, TOPICS, n)
+        sub = topic * SUBTOPICS + rng.integers(0, SUBTOPICS, n)
+        x = rng.random((n, self.dim), dtype=np.float32)
+        x -= 0.5
+        x *= np.float32(s * np.sqrt(12.0 / self.dim))  # uniform noise of norm ~s
+        x += a * self.mu
+        x += b * self.topics[topic]
+        x += (c / np.sqrt(2.0)) * (self.table[_hash(sub, 1)] + self.table[_hash(sub, 2)])
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        return x, topic
+
+    def block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block ``b``'s rows and their topics (the same for every caller and chunking)."""
+        return self._make(np.random.default_rng([self.spec.seed, 1, b]), BLOCK_ROWS)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` (the :class:`~retriever_server.flat_file.FlatIPFile` interface)."""
+        return self.rows_and_topics(start, stop)[0]
+
+    def rows_and_topics(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        if stop <= start:
+            return np.zeros((0, self.dim), np.float32), np.zeros(0, np.int64)
+        xs, ts = [], []
+        for b in range(start // BLOCK_ROWS, (stop - 1) // BLOCK_ROWS + 1):
+            x, t = self.block(b)
+            lo, hi = max(start - b * BLOCK_ROWS, 0), min(stop - b * BLOCK_ROWS, BLOCK_ROWS)
+            xs.append(x[lo:hi])
+            ts.append(t[lo:hi])
+        return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ts)
+
+    def query(self, text: str) -> np.ndarray:
+        """A held-out vector for ``text``: same distribution as the rows, never one of them."""
+        h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+        return self._make(np.random.default_rng([self.spec.seed, 2, h]), 1)[0][0]
+
+
+def passage_text(row: int) -> str:
+    """The synthetic passage for a row, in Search-R1's ``"Title"\\ntext`` layout."""
+    return f'"Synthetic {row}"\nsynthetic passage {row}.'
+
+
+class SyntheticEncoder:
+    """The "model" of the synthetic corpus: text → its vector, at no compute cost."""
+
+    def __init__(self, model: str, profile: Profile, **_: object) -> None:
+        spec = SyntheticSpec.from_model_name(model)
+        self.model, self.profile, self.device, self.dim = model, profile, "cpu", spec.dim
+        self._vectors = SyntheticVectors(spec)
+
+    def encode(self, texts, *, is_query: bool, batch_size: int = 64) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            m = None if is_query else _PASSAGE.search(t)
+            out[i] = self._vectors.read(int(m.group(1)), int(m.group(1)) + 1)[0] if m else self._vectors.query(t)
+        return out
+
+
+def corpus_lines(start: int, stop: int) -> tuple[bytes, np.ndarray]:
+    """Rows ``start:stop`` as Search-R1 corpus jsonl bytes (``{"id", "contents"}``; also our
+    docstore's line format) and each line's length: 21M lines without a json.dumps per row."""
+    lines = [f'{{"id": "{i}", "contents": "\\"Synthetic {i}\\"\\nsynthetic passage {i}."}}\n'
+             for i in range(start, stop)]
+    return "".join(lines).encode("ascii"), np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))

@@ -1,0 +1,170 @@
+"""The wiki-18-scale path at small N: Search-R1's flat file read by offset, the streamed IVF-SQ8
+conversion (resume, atomic output, clear errors), and bench/retriever_scale.py end to end through
+the real server. docs/retriever.md holds the same code's figures at 2M and 21M rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+faiss = pytest.importorskip("faiss")
+
+from retriever_server import import_index as imp  # noqa: E402
+from retriever_server.background import ServerProcess  # noqa: E402
+from retriever_server.build_index import BuildError, build_index  # noqa: E402
+from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip  # noqa: E402
+from retriever_server.ivf_stream import WORK_DIR, ConversionError, StreamSettings  # noqa: E402
+from retriever_server.retriever import IndexMismatch, Retriever  # noqa: E402
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = 12_000
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("retriever_scale", ROOT / "bench" / "retriever_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def search_r1_files(tmp_path_factory):
+    """A Search-R1-style corpus + e5_Flat.index of ROWS synthetic rows, and their exact top-10."""
+    bench = _bench()
+    work = tmp_path_factory.mktemp("scale")
+    vecs = SyntheticVectors(SyntheticSpec(), ROWS)
+    exact = bench.ExactTopK(np.stack([vecs.query(q) for q in bench.query_texts(100)]))
+    corpus, flat = bench.write_search_r1_files(vecs, work, exact)
+    return corpus, flat, vecs, exact.ids
+
+
+def test_flat_writer_matches_faiss_bytes_and_reads_by_offset(tmp_path):
+    x = SyntheticVectors(SyntheticSpec(dim=16), 50).read(0, 50)
+    ref = faiss.IndexFlatIP(16)
+    ref.add(x)
+    faiss.write_index(ref, str(tmp_path / "ref.index"))
+    w = FlatIPWriter(tmp_path / "ours.index", 16, 50)
+    w.write(x[:20])
+    w.write(x[20:])
+    w.close()
+    assert (tmp_path / "ours.index").read_bytes() == (tmp_path / "ref.index").read_bytes()
+    f = open_flat_ip(tmp_path / "ref.index")
+    assert (f.dim, f.ntotal, f.data_offset) == (16, 50, DATA_OFFSET)
+    np.testing.assert_array_equal(f.read(7, 31), x[7:31])
+
+
+def test_flat_reader_names_what_a_wrong_file_is(tmp_path):
+    x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+    l2 = faiss.IndexFlatL2(8)
+    l2.add(x)
+    faiss.write_index(l2, str(tmp_path / "l2.index"))
+    ivf = faiss.index_factory(8, "IVF2,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(x)
+    faiss.write_index(ivf, str(tmp_path / "ivf.index"))
+    (tmp_path / "text.index").write_text("hello world, not an index")
+    ip = faiss.IndexFlatIP(8)
+    ip.add(x)
+    faiss.write_index(ip, str(tmp_path / "ip.index"))
+    data = (tmp_path / "ip.index").read_bytes()
+    (tmp_path / "cut.index").write_bytes(data[:-4])
+    for name, words in [("l2.index", "IndexFlatL2"), ("ivf.index", "IndexIVFFlat"), ("text.index", "not a FAISS"),
+                        ("cut.index", "truncated"), ("missing.index", "not found")]:
+        with pytest.raises(FlatFileError, match=words):
+            open_flat_ip(tmp_path / name)
+
+
+def test_import_cli_refuses_bad_input_with_a_message(search_r1_files, tmp_path, monkeypatch, capsys):
+    corpus, flat, _, _ = search_r1_files
+    base = ["--faiss", str(flat), "--corpus", str(corpus), "--out", str(tmp_path / "o")]
+    assert imp.main([*base, "--index-type", "hnsw32"]) == 2
+    assert "cannot be built by streaming" in capsys.readouterr().err
+    (tmp_path / "l2.index").write_bytes(b"IxF2" + flat.read_bytes()[4:])
+    assert imp.main(["--faiss", str(tmp_path / "l2.index"), "--corpus", str(corpus), "--out", str(tmp_path / "o")]) == 2
+    assert "IndexFlatL2" in capsys.readouterr().err
+    real = imp.shutil.disk_usage
+    monkeypatch.setattr(imp.shutil, "disk_usage", lambda p: real(p)._replace(free=10 << 20))
+    assert imp.main(base) == 2
+    err = capsys.readouterr().err
+    assert "not enough disk" in err and "GB free" in err
+    assert not (tmp_path / "o" / "meta.json").exists()
+
+
+def test_conversion_resumes_after_a_crash_and_is_never_served_half_done(search_r1_files, tmp_path):
+    corpus, flat, vecs, exact_ids = search_r1_files
+    out, settings = tmp_path / "idx", StreamSettings("ivf_sq8", nlist=64, chunk_rows=2_000)
+    seen: list[int] = []
+
+    def crash_at_third(start: int, x: np.ndarray) -> None:
+        seen.append(start)
+        if len(seen) == 3:
+            raise KeyboardInterrupt("simulated crash")
+
+    with pytest.raises(KeyboardInterrupt):
+        imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=settings, nprobe=16,
+                         on_chunk=crash_at_third, progress=False)
+    blocks = sorted(p.name for p in (out / WORK_DIR).glob("block_*.index"))
+    assert blocks == ["block_00000.index", "block_00001.index"]
+    (out / WORK_DIR / "block_00002.index.part").write_bytes(b"half a block from a killed process")
+    with pytest.raises(IndexMismatch, match="not a finished index"):
+        Retriever(out)
+    with pytest.raises(ConversionError, match="different settings"):  # never mixed with other blocks
+        imp.import_index(flat, corpus, out, vecs.model, profile="e5", progress=False,
+                         settings=StreamSettings("ivf_sq8", nlist=32, chunk_rows=2_000))
+    seen.clear()
+    meta = imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=settings, nprobe=16,
+                            on_chunk=lambda s, x: seen.append(s), progress=False)
+    assert seen == list(range(4_000, ROWS, 2_000))  # only the chunks without a block
+    assert not (out / WORK_DIR).exists() and meta["count"] == ROWS and meta["nprobe"] == 16
+    r = Retriever(out)
+    texts = _bench().query_texts(100)
+    hits = r.search(texts, 3)
+    recall = np.mean([len({h.row for h in hs} & set(e[:3].tolist())) / 3 for hs, e in zip(hits, exact_ids)])
+    assert recall >= 0.95
+    mem = r.memory()
+    assert mem["index_mapped_mb"] > 0 and mem["rss_anon_mb"] > 0
+
+
+def test_native_build_index_reaches_the_streamed_type(tmp_path):
+    data, _ = corpus_lines(0, 3_000)
+    (tmp_path / "c.jsonl").write_bytes(data)
+    model = SyntheticSpec().model_name
+    res = build_index(tmp_path / "c.jsonl", tmp_path / "idx", model=model, profile="e5",
+                      index_type="ivf_sq8", chunk_size=1_000, progress=False)
+    assert res.meta["index_type"] == "ivf_sq8" and (tmp_path / "idx" / "index.ivfdata").exists()
+    r = Retriever(tmp_path / "idx", nprobe=res.meta["nlist"])  # every list: exact up to SQ8 rounding
+    assert [h.row for h in r.search(["synthetic passage 1234."], 1)[0]] == [1234]
+
+
+def test_scale_bench_end_to_end_through_the_server(tmp_path, capsys):
+    res = _bench().main(["--rows", str(ROWS), "--work", str(tmp_path), "--no-encoder", "--requests", "128",
+                         "--queries", "100", "--clients", "16"])
+    iv, ex = res["ivf"], res["exact"]
+    assert iv["recall@3"] >= 0.95 and ex["recall@3"] == 1.0
+    assert iv["health"]["index_type"] == "ivf_sq8" and iv["health"]["memory"]["index_mapped_mb"] > 0
+    assert iv["search_rss_anon_after_mb"] > 0 and iv["search_qps"] > 0
+    assert res["convert_peak_rss_mb"] > 0 and "QPS ratio" in capsys.readouterr().out
+    assert not (tmp_path / f"rows{ROWS}").exists()  # the bench removes its data
+    assert json.loads((tmp_path / f"results_{ROWS}.json").read_text())["rows"] == ROWS
+
+
+def test_serve_cli_nprobe_flag_and_health_memory(search_r1_files, tmp_path):
+    corpus, flat, vecs, _ = search_r1_files
+    out = tmp_path / "idx"
+    imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=StreamSettings(nlist=64), progress=False)
+    with ServerProcess("--index", str(out), "--nprobe", "5") as srv:
+        h = requests.get(srv.url + "/health", timeout=30).json()
+        assert h["nprobe"] == 5 and h["nlist"] == 64
+        assert {"rss_anon_mb", "index_mapped_mb", "rss_file_mb"} <= set(h["memory"])
+        m = requests.get(srv.url + "/metrics", timeout=30).json()["memory"]
+        assert m["index_mapped_mb"] > 0
+    bad = subprocess.run([sys.executable, "-m", "retriever_server.serve", "--index", str(out), "--nprobe", "0",
+                          "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--nprobe must be >= 1" in bad.stderr
