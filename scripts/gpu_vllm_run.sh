@@ -32,11 +32,12 @@ mark "unpacked"
 source scripts/gpu_vllm_env.sh "$root/site"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/device.txt"
 python3 - <<'EOF' 2>&1 | grep -v Warning | tee -a "$OUT/device.txt"
-import importlib, platform
+import importlib, importlib.metadata, platform
 print("python", platform.python_version())
 for m in ("torch", "vllm", "ray", "deepspeed", "openrlhf", "transformers"):
-    try:
-        print(m, importlib.import_module(m).__version__)
+    try:  # imported, then its distribution's version (openrlhf has no __version__)
+        mod = importlib.import_module(m)
+        print(m, getattr(mod, "__version__", None) or importlib.metadata.version(m))
     except Exception as e:  # report every missing piece at once, then go on
         print(m, "IMPORT FAILED:", repr(e)[:300])
 EOF

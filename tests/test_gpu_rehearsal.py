@@ -139,6 +139,22 @@ def test_time_split_places_tool_calls_in_each_steps_generation_window(tmp_path):
     assert step_times.main([str(tmp_path / "absent")]) == 2
 
 
+def test_the_smoke_prints_the_split_and_when_step_1_began(tmp_path, capsys):
+    from openrlhf.utils.logging_utils import TensorboardLogger
+
+    logger = TensorboardLogger(SimpleNamespace(logger=SimpleNamespace(
+        tensorboard_dir=str(tmp_path / "tb"), wandb=SimpleNamespace(run_name="smoke"))))
+    logger.log_train(1, {"timing/generation": 3.0, "timing/make_experience": 1.0, "timing/ppo_train": 2.0,
+                         "timing/broadcast": 0.5, "timing/step_total": 6.5})
+    logger.close()
+    gpu_smoke.print_time_split(tmp_path / "tb", [(1.0, 2.0)], tmp_path, "A")
+    out = capsys.readouterr().out
+    began = float(re.search(r"\[gpu_smoke\] run A step 1 started at epoch ([0-9.]+)", out).group(1))
+    assert abs(began - (time.time() - 6.5)) < 30
+    assert "| 1 | 3.00 | 0.00 | 0.00 | 0 | 1.00 | 2.00 | 0.50 | 6.50 |" in out  # the span fell outside
+    assert json.loads((tmp_path / "tool_spans_A.jsonl").read_text()) == [1.0, 2.0]
+
+
 def test_tool_spans_wrap_the_retrievers_wsgi_app():
     from flask import Flask, jsonify
 
