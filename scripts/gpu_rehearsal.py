@@ -27,6 +27,8 @@ own venv (``tests/test_gpu_rehearsal.py``). Checks:
   ``DeepspeedStrategy.prepare`` and DeepSpeed's own optimizer factory on DeepSpeed's CPU
   accelerator: with ``--sgrpo.optimizer torch_fused`` the optimizer is torch's fused AdamW and
   DeepSpeed's op builder is never asked to build; with the default it is (the control).
+- ``policy_step``: the smoke's real policy through OpenRLHF's ``Actor`` and ``strategy.prepare``
+  (transformers of the image, SDPA, bf16, ZeRO-2, fused AdamW): two optimizer steps, nothing built.
 """
 
 from __future__ import annotations
@@ -340,9 +342,8 @@ def _refuse_op_builds() -> list[str]:
     return asked
 
 
-@check
-def deepspeed_optimizer(out: Path) -> str:
-    """The policy's DeepSpeed engine as OpenRLHF's strategy builds it, on DeepSpeed's CPU accelerator."""
+def _deepspeed_on_cpu() -> list[str]:
+    """One rank of gloo on DeepSpeed's CPU accelerator, the op builder refused (once per process)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for k, v in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(k, v)
@@ -352,26 +353,44 @@ def deepspeed_optimizer(out: Path) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
+    global _ASKED
+    if _ASKED is None:
+        from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
 
-    gpu_import_standins.install_missing_flash_attn()
-    import deepspeed
+        gpu_import_standins.install_missing_flash_attn()
+        import deepspeed
+
+        from openrlhf_sgrpo.openrlhf_ext.torch_adam import install_optimizer_choice
+
+        _ASKED = _refuse_op_builds()
+        install_optimizer_choice()  # what our PolicyModelActor does in its process
+        deepspeed.init_distributed(dist_backend="gloo")
+    return _ASKED
+
+
+_ASKED: list[str] | None = None
+
+
+def _actor_cfg(args: SimpleNamespace, scheduler_steps: int) -> dict:
+    """The optimizer settings PolicyModelActor.init_model_from_pretrained hands strategy.prepare."""
+    return dict(optim=args.actor.optim, muon=vars(args.actor.muon), adam=vars(args.actor.adam),
+                lr_scheduler=args.actor.lr_scheduler, lr_warmup_ratio=args.actor.lr_warmup_ratio,
+                min_lr_ratio=args.actor.min_lr_ratio, max_norm=args.actor.max_norm, scheduler_steps=scheduler_steps)
+
+
+@check
+def deepspeed_optimizer(out: Path) -> str:
+    """The policy's DeepSpeed engine as OpenRLHF's strategy builds it, on DeepSpeed's CPU accelerator."""
+    asked = _deepspeed_on_cpu()
     import torch
     from openrlhf.utils.utils import get_strategy
 
-    from openrlhf_sgrpo.openrlhf_ext.torch_adam import install_optimizer_choice
-
-    asked = _refuse_op_builds()
-    install_optimizer_choice()  # what our PolicyModelActor does in its process
-    deepspeed.init_distributed(dist_backend="gloo")
     results = {}
     for choice in ("torch_fused", "deepspeed"):
         args = smoke_args("B", out, ["--sgrpo.optimizer", choice], policy="unused-by-this-check")
         strategy = get_strategy(args)
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 8))
-        cfg = dict(optim=args.actor.optim, muon=vars(args.actor.muon), adam=vars(args.actor.adam),
-                   lr_scheduler=args.actor.lr_scheduler, lr_warmup_ratio=args.actor.lr_warmup_ratio,
-                   min_lr_ratio=args.actor.min_lr_ratio, max_norm=args.actor.max_norm, scheduler_steps=2)
+        cfg = _actor_cfg(args, 2)
         before = len(asked)
         try:  # PolicyModelActor.init_model_from_pretrained's call
             engine, optim, _ = strategy.prepare((model, cfg))
@@ -394,6 +413,48 @@ def deepspeed_optimizer(out: Path) -> str:
         raise RuntimeError(f"control: the default optimizer built without asking the op builder: {control}")
     return (f"torch_fused -> {ours['built']}(fused=True) under {ours['zero']}, no op build, one step taken; "
             f"default -> op builder asked for {control['op_builds']}")
+
+
+@check
+def policy_step(out: Path) -> str:
+    """The smoke's policy (SmolLM2-135M) as the policy actor builds it: OpenRLHF's ``Actor`` with
+    the run's attention and dtype (transformers of the image), ``strategy.prepare`` with
+    ``--sgrpo.optimizer torch_fused`` under ZeRO-2, then two optimizer steps of action log-probs
+    through ``strategy.backward`` / ``optimizer_step`` (DeepSpeed's CPU accelerator)."""
+    asked = _deepspeed_on_cpu()
+    import torch
+    from openrlhf.models import Actor
+    from openrlhf.utils.utils import get_strategy
+
+    args = smoke_args("B", out)
+    strategy = get_strategy(args)
+    actor = Actor(args.actor.model_name_or_path, attn_implementation=args.ds.attn_implementation,
+                  experts_implementation=args.ds.experts_implementation, param_dtype=args.ds.param_dtype,
+                  load_in_4bit=args.ds.load_in_4bit, lora_rank=args.ds.lora.rank, lora_alpha=args.ds.lora.alpha,
+                  target_modules=args.ds.lora.target_modules, lora_dropout=args.ds.lora.dropout,
+                  ds_config=strategy.get_ds_train_config(), packing_samples=args.ds.packing_samples,
+                  temperature=args.rollout.temperature, use_liger_kernel=args.ds.use_liger_kernel)
+    before = len(asked)
+    actor, optim, scheduler = strategy.prepare((actor, _actor_cfg(args, 2)))
+    master = optim.single_partition_of_fp32_groups[0]  # ZeRO-2's fp32 weights, which the optimizer steps
+    first = master.detach().clone()
+    g = torch.Generator().manual_seed(0)
+    # two optimizer steps: the scheduler's warm-up gives the first one lr 0
+    for _ in range(2 * actor.model.gradient_accumulation_steps()):
+        seq = torch.randint(0, 1000, (2, 24), generator=g)
+        mask = torch.zeros(2, 23, dtype=torch.bool)
+        mask[:, 12:] = True
+        logp = actor(seq, action_mask=mask, attention_mask=torch.ones_like(seq))
+        loss = -(logp * mask[:, -logp.shape[1]:]).sum() / mask.sum()
+        strategy.backward(loss, actor, optim)
+        strategy.optimizer_step(optim, actor, scheduler, name="actor")
+    moved = (master.detach() - first).abs().max()
+    inner = optim.optimizer
+    if asked[before:] or type(inner).__name__ != "AdamW" or not inner.defaults.get("fused") or moved == 0:
+        raise RuntimeError(f"op builds {asked[before:]}, optimizer {type(inner)}, max weight change {moved}")
+    return (f"{type(actor.model.module).__name__} ({sum(p.numel() for p in actor.model.parameters()):,} parameters, "
+            f"{args.ds.attn_implementation}, {args.ds.param_dtype}) took two optimizer steps with fused AdamW "
+            f"(max weight change {float(moved):.2e}); nothing built")
 
 
 def main(argv: list[str] | None = None) -> int:

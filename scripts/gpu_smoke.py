@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -68,6 +68,16 @@ def prepare(out: Path, steps: int, policy: str | None = None) -> dict[str, Path]
     return {"data": data, "corpus": corpus, "policy": policy_folder(policy or "smollm2")}
 
 
+def flash_attn_installed() -> bool:
+    """Whether the real flash-attn is installed: its distribution, so that the import-only stand-in
+    our CLI puts in a process (``gpu_import_standins``) never counts as one."""
+    try:
+        importlib.metadata.distribution("flash-attn")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func_path: str,
              engine: str = "vllm", lr: float = 1e-6, sapo_ratio_threshold: float | None = None) -> list[str]:
     """The train_ppo_ray flags of run A (``stratified_grpo``) or B (+ SAPO, CalibAdv, 2 updates/rollout)."""
@@ -101,7 +111,7 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         args += ["--sgrpo.rollout_engine", "hf"]
     else:
         args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
-    if engine == "hf" or importlib.util.find_spec("flash_attn") is None:  # no wheel for every CUDA torch
+    if engine == "hf" or not flash_attn_installed():  # no wheel for every CUDA torch
         args += ["--ds.attn_implementation", "sdpa"]
     return args
 
