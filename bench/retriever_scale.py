@@ -255,7 +255,8 @@ def load(url: str, texts: list[str], clients: int) -> dict[str, float]:
 
 def serve_and_measure(index: Path, exact_ids: np.ndarray, a: argparse.Namespace, extra: list[str] = (),
                       encoded_model: Path | None = None) -> dict[str, float]:
-    common = ["--index", str(index), "--cache-size", "0", "--threads", str(max(64, a.clients)), *extra]
+    # more worker threads than clients, so /metrics is answered while every client waits on a search
+    common = ["--index", str(index), "--cache-size", "0", "--threads", str(a.clients + 8), *extra]
     res: dict[str, float] = {}
     srv, res["first_answer_s"] = first_answer(common)
     try:

@@ -146,9 +146,17 @@ class SyntheticEncoder:
 
     def encode(self, texts, *, is_query: bool, batch_size: int = 64) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), np.float32)
+        rows: dict[int, list[int]] = {}  # passage rows by block: each block is generated once
         for i, t in enumerate(texts):
             m = None if is_query else _PASSAGE.search(t)
-            out[i] = self._vectors.read(int(m.group(1)), int(m.group(1)) + 1)[0] if m else self._vectors.query(t)
+            if m:
+                rows.setdefault(int(m.group(1)), []).append(i)
+            else:
+                out[i] = self._vectors.query(t)
+        for b in sorted({r // BLOCK_ROWS for r in rows}):
+            block = self._vectors.block(b)[0]
+            for r in [r for r in rows if r // BLOCK_ROWS == b]:
+                out[rows[r]] = block[r - b * BLOCK_ROWS]
         return out
 
 

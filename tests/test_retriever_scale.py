@@ -140,7 +140,9 @@ def test_native_build_index_reaches_the_streamed_type(tmp_path):
                       index_type="ivf_sq8", chunk_size=1_000, progress=False)
     assert res.meta["index_type"] == "ivf_sq8" and (tmp_path / "idx" / "index.ivfdata").exists()
     r = Retriever(tmp_path / "idx", nprobe=res.meta["nlist"])  # every list: exact up to SQ8 rounding
-    assert [h.row for h in r.search(["synthetic passage 1234."], 1)[0]] == [1234]
+    rows = [17, 1234, 2999]
+    vecs = r.encoder.encode([f"synthetic passage {i}." for i in rows], is_query=False)
+    assert r.searcher.search(vecs, 1)[1][:, 0].tolist() == rows  # row i of the index is passage i
 
 
 def test_scale_bench_end_to_end_through_the_server(tmp_path, capsys):
