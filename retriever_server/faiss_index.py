@@ -19,7 +19,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.faiss"
-INDEX_TYPES = ("flat", "hnsw32", "ivf,pq", "sq8", "ivf_sq8", "ivf_pq")
+INDEX_TYPES = ("flat", "hnsw32", "ivf,pq", "sq8")  # built in RAM by build_from_chunks
 # built by streaming (ivf_stream.py), inverted lists in one memory-mapped file beside index.faiss
 STREAMED_TYPES = ("ivf_sq8", "ivf_pq")
 DEFAULT_IVF_NPROBE = 32
@@ -53,12 +53,12 @@ def _pq_bits(n: int) -> int:
 def make_index(index_type: str, dim: int, n_vectors: int, metric: str = "ip"):
     """An empty (untrained) index of ``index_type`` sized for ``n_vectors``."""
     faiss = _faiss()
+    if index_type in STREAMED_TYPES:
+        raise ValueError(f"{index_type} is built by streaming (retriever_server.ivf_stream), not in RAM")
     if index_type not in INDEX_TYPES:
         raise ValueError(f"unknown index type {index_type!r}; expected one of {INDEX_TYPES}")
     if metric != "ip":
         raise ValueError(f"only inner-product search is supported, not {metric!r}")
-    if index_type in STREAMED_TYPES:
-        raise ValueError(f"{index_type} is built by streaming (retriever_server.ivf_stream), not in RAM")
     mt = faiss.METRIC_INNER_PRODUCT
     if index_type == "flat":
         return faiss.IndexFlatIP(dim)
