@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU rehearsal of the lent GPU machine's run (issue #34): every step of the device sequence that
 # needs no CUDA device, in an environment that mirrors the machine's image, so that the 15 lent
-# minutes go to training steps, not to fixes. Run by a developer (not CI); ~5 GB under $REHEARSAL_DIR.
+# minutes go to training steps, not to fixes. Run by a developer (not CI); ~10 GB under $REHEARSAL_DIR.
 #
 # 1. the image: Python 3.12 (pyenv) in a venv with scripts/gpu_image_requirements.txt (torch
 #    2.11.0, PyPI's CUDA 13.0 build, which installs and imports without a GPU; transformers 5.17.0;
