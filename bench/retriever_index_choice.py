@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retriever_server.ivf_stream import StreamSettings, default_nlist, make_trained, pq_m  # noqa: E402
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors  # noqa: E402
+from retriever_server.ivf_stream import StreamSettings, default_nlist, make_trained, pq_m
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors
 
 
 def timed_search(index, q: np.ndarray, k: int) -> tuple[np.ndarray, float]:

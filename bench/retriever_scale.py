@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -47,10 +46,10 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from retriever_server.background import ServerProcess  # noqa: E402
-from retriever_server.docstore import DOCS_FILE, OFFSETS_FILE  # noqa: E402
-from retriever_server.flat_file import FlatIPWriter  # noqa: E402
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines  # noqa: E402
+from retriever_server.background import ServerProcess
+from retriever_server.docstore import DOCS_FILE, OFFSETS_FILE
+from retriever_server.flat_file import FlatIPWriter
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
 
 GEN_CHUNK = 262_144
 EXACT_K = 10
@@ -334,7 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
         res["source_gb"] = flat.stat().st_size / 1e9
         np.save(exact_file, exact.ids)
         conv = run_child([py, "-m", "retriever_server.import_index", "--faiss", str(flat), "--corpus", str(corpus),
-                          "--model", vecs.model, "--profile", "e5", "--out", str(out), "--nprobe", str(nprobe),
+                          "--model", vecs.model, "--profile", "e5", "--out", str(out), "--index-type", "ivf_sq8",
+                          "--nprobe", str(nprobe),
                           "--nlist", str(a.nlist)])
     else:
         conv = run_child([py, __file__, "--rows", str(a.rows), "--queries", str(a.queries),

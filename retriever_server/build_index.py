@@ -27,8 +27,14 @@ from . import __version__
 from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, DocStoreWriter
 from .encoder import Encoder, load_encoder
-from .faiss_index import (DEFAULT_IVF_NPROBE, INDEX_FILE, INDEX_TYPES, STREAMED_TYPES, build_from_chunks,
-                          write_index)
+from .faiss_index import (
+    DEFAULT_IVF_NPROBE,
+    INDEX_FILE,
+    INDEX_TYPES,
+    STREAMED_TYPES,
+    build_from_chunks,
+    write_index,
+)
 from .profiles import DEFAULT_MODEL, Profile, resolve_profile
 
 log = logging.getLogger(__name__)

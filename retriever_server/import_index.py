@@ -3,19 +3,20 @@
 Search-R1 publishes wiki-18 with an E5 ``IndexFlatIP`` (64.5 GB, fp32) whose row i is line i of
 the corpus jsonl. Two ways in:
 
-* ``--index-type ivf_sq8`` (default) or ``ivf_pq``: the file is **streamed** by byte offset
+* ``--index-type ivf_sq8`` or ``ivf_pq`` (what wiki-18 needs on a machine with less RAM than 64.5 GB): the file is **streamed** by byte offset
   (:mod:`retriever_server.flat_file`, one chunk in RAM) into an IVF index whose inverted lists are
   one memory-mapped file (:mod:`retriever_server.ivf_stream`): 16 GB (SQ8) or 2 GB (PQ) instead
   of 64.5 GB, RSS during the conversion a few GB, a progress bar, and a rerun after a crash
   continues with the next unfinished chunk.
-* ``--index-type flat``: the file itself is linked (or copied) in and served exact (``--mmap``).
+* ``--index-type flat`` (the default): the file itself is linked (or copied) in and served exact
+  (``--mmap``).
 
 Either way the docstore is written from the corpus (random access by offset, never loaded),
 the row counts must agree, and ``meta.json`` is written last: a folder without it is refused by
 the server, so a crash never leaves an index the server would start on.
 
     python -m retriever_server.import_index --faiss e5_Flat.index --corpus wiki-18.jsonl \\
-        --model intfloat/e5-base-v2 --out idx/e5 [--index-type ivf_sq8] [--nprobe 32]
+        --model intfloat/e5-base-v2 --out idx/e5 --index-type ivf_sq8 [--nprobe 32]
 """
 
 from __future__ import annotations
@@ -39,8 +40,19 @@ from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, OFFSETS_FILE, DocStoreWriter
 from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, read_index
 from .flat_file import FlatFileError, open_flat_ip
-from .ivf_stream import (IVFDATA_FILE, STATE_FILE, STREAM_KINDS, WORK_DIR, ConversionError, StreamingIVFBuilder, StreamSettings,
-                         VectorSource, check_kind, discard_unfinished, estimate_output_bytes)
+from .ivf_stream import (
+    IVFDATA_FILE,
+    STATE_FILE,
+    STREAM_KINDS,
+    WORK_DIR,
+    ConversionError,
+    StreamingIVFBuilder,
+    StreamSettings,
+    VectorSource,
+    check_kind,
+    discard_unfinished,
+    estimate_output_bytes,
+)
 from .profiles import DEFAULT_MODEL, resolve_profile
 
 log = logging.getLogger(__name__)
@@ -127,7 +139,7 @@ def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettin
 
 def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
                  model: str = DEFAULT_MODEL, *, profile: str | None = None, max_length: int = 256,
-                 index_type: str = "ivf_sq8", place: str = "symlink", nprobe: int = DEFAULT_IVF_NPROBE,
+                 index_type: str = "flat", place: str = "symlink", nprobe: int = DEFAULT_IVF_NPROBE,
                  settings: StreamSettings | None = None, overwrite: bool = False,
                  on_chunk: Callable[[int, np.ndarray], None] | None = None, progress: bool = True) -> dict:
     """Make ``out_dir`` a servable index folder from a prebuilt FAISS file and its corpus."""
@@ -136,8 +148,9 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
         check_kind(index_type)  # raises with the reason this type cannot be streamed
     if place not in PLACEMENTS:
         raise BuildError(f"--place must be one of {PLACEMENTS}, got {place!r}")
-    if not corpus_path.is_file():
-        raise BuildError(f"corpus file not found: {corpus_path}")
+    for what, p in (("FAISS index", faiss_path), ("corpus", corpus_path)):
+        if not p.is_file():
+            raise BuildError(f"{what} file not found: {p}")
     prof = resolve_profile(model, profile)
     state = {"corpus_sha256": None, "model": model, "profile": prof.to_dict(), "max_length": max_length,
              "imported_from": str(faiss_path.resolve())}
@@ -177,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=DEFAULT_MODEL, help="the encoder the index was built with")
     p.add_argument("--profile", default=None, help="e5 | st (default: inferred from the model name)")
     p.add_argument("--max-length", type=int, default=256)
-    p.add_argument("--index-type", default="ivf_sq8",
-                   help=f"{' | '.join(INDEX_TYPES)} (default %(default)s; flat links the file as it is)")
+    p.add_argument("--index-type", default="flat",
+                   help=f"{' | '.join(INDEX_TYPES)} (default %(default)s: link the file as it is and serve it "
+                        "exact; ivf_sq8 for wiki-18 on a machine with less RAM than the file)")
     p.add_argument("--nprobe", type=int, default=DEFAULT_IVF_NPROBE,
                    help="lists searched per query, the server's default (default %(default)s)")
     p.add_argument("--nlist", type=int, default=0, help="IVF lists (default ~sqrt(rows), a power of two)")

@@ -16,13 +16,13 @@ import requests
 
 faiss = pytest.importorskip("faiss")
 
-from retriever_server import import_index as imp  # noqa: E402
-from retriever_server.background import ServerProcess  # noqa: E402
-from retriever_server.build_index import BuildError, build_index  # noqa: E402
-from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip  # noqa: E402
-from retriever_server.ivf_stream import WORK_DIR, ConversionError, StreamSettings  # noqa: E402
-from retriever_server.retriever import IndexMismatch, Retriever  # noqa: E402
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines  # noqa: E402
+from retriever_server import import_index as imp
+from retriever_server.background import ServerProcess
+from retriever_server.build_index import build_index
+from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip
+from retriever_server.ivf_stream import WORK_DIR, ConversionError, StreamSettings
+from retriever_server.retriever import IndexMismatch, Retriever
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 12_000
@@ -83,11 +83,11 @@ def test_flat_reader_names_what_a_wrong_file_is(tmp_path):
 
 def test_import_cli_refuses_bad_input_with_a_message(search_r1_files, tmp_path, monkeypatch, capsys):
     corpus, flat, _, _ = search_r1_files
-    base = ["--faiss", str(flat), "--corpus", str(corpus), "--out", str(tmp_path / "o")]
-    assert imp.main([*base, "--index-type", "hnsw32"]) == 2
+    base = ["--faiss", str(flat), "--corpus", str(corpus), "--out", str(tmp_path / "o"), "--index-type", "ivf_sq8"]
+    assert imp.main([*base[:-1], "hnsw32"]) == 2
     assert "cannot be built by streaming" in capsys.readouterr().err
     (tmp_path / "l2.index").write_bytes(b"IxF2" + flat.read_bytes()[4:])
-    assert imp.main(["--faiss", str(tmp_path / "l2.index"), "--corpus", str(corpus), "--out", str(tmp_path / "o")]) == 2
+    assert imp.main(["--faiss", str(tmp_path / "l2.index"), *base[2:]]) == 2
     assert "IndexFlatL2" in capsys.readouterr().err
     real = imp.shutil.disk_usage
     monkeypatch.setattr(imp.shutil, "disk_usage", lambda p: real(p)._replace(free=10 << 20))
@@ -108,7 +108,7 @@ def test_conversion_resumes_after_a_crash_and_is_never_served_half_done(search_r
             raise KeyboardInterrupt("simulated crash")
 
     with pytest.raises(KeyboardInterrupt):
-        imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=settings, nprobe=16,
+        imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", settings=settings, nprobe=16,
                          on_chunk=crash_at_third, progress=False)
     blocks = sorted(p.name for p in (out / WORK_DIR).glob("block_*.index"))
     assert blocks == ["block_00000.index", "block_00001.index"]
@@ -116,10 +116,10 @@ def test_conversion_resumes_after_a_crash_and_is_never_served_half_done(search_r
     with pytest.raises(IndexMismatch, match="not a finished index"):
         Retriever(out)
     with pytest.raises(ConversionError, match="different settings"):  # never mixed with other blocks
-        imp.import_index(flat, corpus, out, vecs.model, profile="e5", progress=False,
+        imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", progress=False,
                          settings=StreamSettings("ivf_sq8", nlist=32, chunk_rows=2_000))
     seen.clear()
-    meta = imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=settings, nprobe=16,
+    meta = imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", settings=settings, nprobe=16,
                             on_chunk=lambda s, x: seen.append(s), progress=False)
     assert seen == list(range(4_000, ROWS, 2_000))  # only the chunks without a block
     assert not (out / WORK_DIR).exists() and meta["count"] == ROWS and meta["nprobe"] == 16
@@ -160,7 +160,7 @@ def test_scale_bench_end_to_end_through_the_server(tmp_path, capsys):
 def test_serve_cli_nprobe_flag_and_health_memory(search_r1_files, tmp_path):
     corpus, flat, vecs, _ = search_r1_files
     out = tmp_path / "idx"
-    imp.import_index(flat, corpus, out, vecs.model, profile="e5", settings=StreamSettings(nlist=64), progress=False)
+    imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", settings=StreamSettings(nlist=64), progress=False)
     with ServerProcess("--index", str(out), "--nprobe", "5") as srv:
         h = requests.get(srv.url + "/health", timeout=30).json()
         assert h["nprobe"] == 5 and h["nlist"] == 64
