@@ -65,7 +65,12 @@ CORPUS_TITLES = [p["contents"].split("\n")[0].strip('"') for p in CORPUS]
 
 class RetrieverGate:
     """A pass-through proxy in front of the real retriever that can hold every ``/retrieve`` request
-    until opened: an agent whose search is held waits between its tool call and its observation."""
+    until opened: an agent whose search is held waits between its tool call and its observation.
+    With ``fault`` set it stands for a broken retriever instead: ``"drop"`` closes the connection
+    without a byte (the process died mid-request), ``"garbage"`` answers 200 with a body outside
+    Search-R1's schema."""
+
+    FAULTS = (None, "drop", "garbage")
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
@@ -74,6 +79,8 @@ class RetrieverGate:
         self._seen = threading.Condition()
         self.held = 0  # requests that arrived while closed
         self.queries: list[str] = []  # every query forwarded
+        self.fault: str | None = None
+        self.faulted = 0  # requests answered with the fault
         gate = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,11 +89,20 @@ class RetrieverGate:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if gate.fault is not None:
+                    gate.faulted += 1
+                    if gate.fault == "drop":
+                        self.close_connection = True
+                        return
+                    self._answer(200, b'{"unexpected": "shape"}')
+                    return
                 gate.arrive(json.loads(body or b"{}").get("queries", []))
                 request = urllib.request.Request(gate.upstream, data=body,
                                                  headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=120) as resp:
-                    status, answer = resp.status, resp.read()
+                    self._answer(resp.status, resp.read())
+
+            def _answer(self, status: int, answer: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
@@ -360,6 +376,67 @@ def test_dynamic_filtering_replaces_whole_groups(cluster, engines, option_args, 
         experiences = experiences_of(make_maker(opts, tokenizer), copy.deepcopy(samples))
         check_groups_and_advantages(opts, samples, experiences)
         assert all("calibadv/scored_share" in e.info for e in experiences)
+
+
+def _search_samples(samples) -> list:
+    from agent_env import info_keys as K
+
+    return [s for s in samples if float(s.info[K.SEARCH_CALLS][0]) >= 1]
+
+
+@needs_vllm
+def test_a_broken_retriever_mid_rollout_costs_no_sample(cluster, args, engines, gate, tokenizer):
+    """The retriever breaks while OpenRLHF's engine runs our agent: first it drops every connection
+    (a process that died mid-request), then it answers 200 with a body outside the schema; then it
+    is back. Each broken batch still holds every prompt group whole (N samples, in order), every
+    search of it became an observation the policy sees ("search failed: ...") and is counted
+    (tool_errors = search_errors + code_errors); the search still counts as a call for the strata;
+    the batch after the fault searches normally. The bound is the agent's HTTP policy: a dropped
+    connection is retried with backoff, a bad body is not retried, neither waits for a timeout."""
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+    from openrlhf.utils import get_strategy
+
+    from agent_env import info_keys as K
+    from agent_env.tools.http import HttpPolicy
+
+    def one_batch():
+        trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
+                                    **trainer_kwargs(args))
+        try:
+            start = time.monotonic()
+            samples, _ = cluster.get(trainer.__ray_call__.remote(generator_batch))
+            return samples, time.monotonic() - start
+        finally:
+            cluster.kill(trainer)
+
+    policy = HttpPolicy()
+    times = {}
+    try:
+        for fault in ("drop", "garbage"):
+            gate.fault, gate.faulted = fault, 0
+            samples, times[fault] = one_batch()
+            assert len(samples) == len(QUESTIONS) * N
+            check_groups_and_advantages(args, samples, experiences_of(make_maker(args, tokenizer), copy.deepcopy(samples)))
+            searched = _search_samples(samples)
+            # the search question searches by construction; the agent sends concurrent queries in
+            # batches, so the gate counts requests, not searches
+            assert searched and gate.faulted >= 1, fault
+            for s in searched:
+                info = {k: float(v[0]) for k, v in s.info.items()}
+                assert info[K.SEARCH_ERRORS] == info[K.SEARCH_CALLS] >= 1, (fault, info)
+                assert info[K.TOOL_ERRORS] == info[K.SEARCH_ERRORS] + info[K.CODE_ERRORS]
+                assert info[K.TOOL_CALLS] == info[K.SEARCH_CALLS] + info[K.CODE_CALLS]  # a failed call is a call
+                assert "search failed" in tokenizer.decode(s.sequences[0]), fault
+    finally:
+        gate.fault = None
+    samples, times["back"] = one_batch()
+    searched = _search_samples(samples)
+    assert searched and all(float(s.info[K.SEARCH_ERRORS][0]) == 0 for s in searched)
+    assert all("<information>" in tokenizer.decode(s.sequences[0]) for s in searched)
+    # a dropped connection costs each call at most the policy's backoffs (a trajectory makes at most
+    # MAX_TURNS calls, trajectories run side by side), never a timeout; 60 s for a busy 2-core box
+    assert times["drop"] < times["back"] + MAX_TURNS * policy.backoff_total_s() + 60, times
+    print(f"rollout seconds by retriever state: {times}")
 
 
 @needs_vllm
