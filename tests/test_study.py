@@ -41,10 +41,8 @@ def test_summary_is_mean_and_population_std_over_seeds():
 def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path, capsys):
     out = tmp_path / "study"
     seeds = [str(shifted_seed(0)), str(shifted_seed(1))]
-    # the HF engine: this checks the study's plumbing (seeds x arms -> one table); the demo's vLLM
-    # path, which the study runs on a GPU, is test_demo's smoke run (an engine start per seed here)
     assert load_script().main(["--out", str(out), "--smoke", "--seeds", *seeds, "--arms", "grpo,sgrpo:1.0",
-                               "--", "--steps", "1", "--engine", "hf"]) == 0
+                               "--", "--steps", "1"]) == 0
     text = capsys.readouterr().out
     table = (out / "study_table.md").read_text()
     assert table.strip() in text
