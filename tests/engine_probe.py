@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 import torch
+from cluster_world import policy_log_probs
 
 # Mean |engine - trainer| of teacher-forced log-probs (nats/token) that counts as "the same
 # function". Measured on the fitted tiny policy (2 layers, hidden 64, 151,936-token vocabulary) on
@@ -67,14 +69,6 @@ def log_probs_of(output, sequence: list[int]) -> torch.Tensor:
     return torch.tensor([row[token].logprob for row, token in zip(rows, sequence[1:])], dtype=torch.float64)
 
 
-def reference_log_probs(model, sequence: list[int]) -> torch.Tensor:
-    """The trainer's own fp32 forward: log p(sequence[i] | sequence[:i]) for i >= 1."""
-    with torch.no_grad():
-        seq = torch.tensor([sequence])
-        logits = model.float()(seq).logits[0, :-1].float()
-        return torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0].double()
-
-
 async def engine_state(llm, sequence: list[int]) -> dict:
     """On the engine's loop: the teacher-forced log-probs of ``sequence`` (one prefill of it alone,
     the prefix cache emptied first so no cached KV of other weights or batches enters) and every
@@ -106,6 +100,33 @@ def state_in_rollout_actor(rollout_actor, sequence: list[int]) -> dict:
 
     return asyncio.run_coroutine_threadsafe(engine_state(rollout_actor.llm, sequence),
                                             _engine_loop(rollout_actor)).result(300)
+
+
+def sync_round_trip(model, sequence: list[int], state: Callable[[], dict], sync: Callable[[], object],
+                    change: Callable[[torch.nn.Module], None]) -> tuple[dict, dict, dict]:
+    """Before, after ``change(model)`` and a ``sync()``, and after the old weights went back and
+    another ``sync()``: the engine's ``state()``, the trainer's fp32 log-probs of ``sequence`` and
+    its tensors under vLLM's names, each keyed ``before`` / ``changed`` / ``restored``."""
+    states, references, expected = {}, {}, {}
+
+    def record(key: str) -> None:
+        states[key] = state()
+        references[key] = policy_log_probs(model, sequence, temperature=1.0)
+        expected[key] = expected_engine_tensors(model)
+
+    record("before")
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        change(model)
+        sync()
+        record("changed")
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(saved[name])
+        sync()
+    record("restored")
+    return states, references, expected
 
 
 def mean_gap(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import os
-import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -25,53 +23,37 @@ import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from retriever_server.background import LISTEN_PREFIX
+from retriever_server.background import ServerProcess
 
 
 class RetrieverProcess:
-    """The real retriever as a child process on a fixed port (0 picks one the first time)."""
+    """The real retriever as a child process (the project's ``ServerProcess``) that a test can
+    SIGKILL and start again on the same port (0 picks one the first time)."""
 
     def __init__(self, index_dir: str, port: int = 0, start_timeout_s: float = 120.0):
         self.index_dir, self.port, self.start_timeout_s = str(index_dir), port, start_timeout_s
-        self.proc: subprocess.Popen | None = None
+        self.server: ServerProcess | None = None
         self.url = ""
 
     def start(self) -> str:
-        args = [sys.executable, "-m", "retriever_server.serve", "--index", self.index_dir, "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "WARNING"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + self.start_timeout_s
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    break
-                line = self.proc.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"retriever exited with {self.proc.wait()} before listening")
-                if line.startswith(LISTEN_PREFIX):
-                    self.url = line[len(LISTEN_PREFIX):].strip()
-                    self.port = int(self.url.rsplit(":", 1)[1])
-                    return self.url
-        self.kill()
-        raise RuntimeError(f"retriever did not listen within {self.start_timeout_s} s")
+        # ServerProcess passes --port 0 first; argparse keeps the last value, so a restart gets the old port
+        self.server = ServerProcess("--index", self.index_dir, "--host", "127.0.0.1", "--port", str(self.port),
+                                    "--log-level", "WARNING", startup_timeout_s=self.start_timeout_s).__enter__()
+        self.url, self.port = self.server.url, self.server.port
+        return self.url
+
+    def _running(self) -> bool:
+        return self.server is not None and self.server.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no drain, no goodbye; connections in flight are cut."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-        if self.proc is not None and self.proc.stdout:
-            self.proc.stdout.close()
+        if self._running():
+            self.server.proc.kill()
+            self.server.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
+        if self._running():
+            self.server.stop()  # SIGTERM (drain), SIGKILL if it hangs
 
 
 class FaultProxy:

@@ -45,7 +45,7 @@ from cluster_world import (
     shm_files,
     trainer_kwargs,
 )
-from engine_probe import check_sync_round_trip, expected_engine_tensors, reference_log_probs, state_in_rollout_actor
+from engine_probe import check_sync_round_trip, state_in_rollout_actor, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
@@ -133,23 +133,9 @@ def _broadcast_round_trip(actor, args, policy_dir: str, engines, sequence) -> di
         dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)  # non-colocated: a sync group is asked for
-    states, references, expected = {}, {}, {}
-
-    def record(key: str) -> None:
-        states[key] = ray.get(engines[0].__ray_call__.remote(state_in_rollout_actor, sequence))
-        references[key] = reference_log_probs(model, sequence)
-        expected[key] = expected_engine_tensors(model)
-
-    record("before")
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
-    scramble_(model)
-    trainer.broadcast_to_vllm()
-    record("changed")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(saved[name])
-    trainer.broadcast_to_vllm()
-    record("restored")
+    states, references, expected = sync_round_trip(
+        model, sequence, lambda: ray.get(engines[0].__ray_call__.remote(state_in_rollout_actor, sequence)),
+        trainer.broadcast_to_vllm, scramble_)
     dist.destroy_process_group()
     from openrlhf_sgrpo.engine.weight_sync import leftover_files
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from cluster_world import scramble_
-from engine_probe import check_sync_round_trip, expected_engine_tensors, reference_log_probs, state_of_local_engine
+from engine_probe import check_sync_round_trip, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -173,28 +173,13 @@ def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine,
 
 
 def _sync_round_trip(engine, model, sequence: list[int]) -> tuple[dict, dict, dict]:
-    """The engine's state, the trainer's fp32 log-probs and tensors before a known weight change,
-    after it was synced, and after the old weights were synced back."""
-    states, references, expected = {}, {}, {}
+    """``engine_probe.sync_round_trip`` through ``engine.sync_weights``, which loads every tensor."""
+    count = len(dict(model.named_parameters()))
 
-    def record(key: str) -> None:
-        states[key] = state_of_local_engine(engine, sequence)
-        references[key] = reference_log_probs(model, sequence)
-        expected[key] = expected_engine_tensors(model)
+    def sync() -> None:
+        assert engine.sync_weights(model) == count
 
-    record("before")
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
-    try:
-        scramble_(model)
-        assert engine.sync_weights(model) == len(saved)
-        record("changed")
-    finally:
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(saved[name])
-        engine.sync_weights(model)
-    record("restored")
-    return states, references, expected
+    return sync_round_trip(model, sequence, lambda: state_of_local_engine(engine, sequence), sync, scramble_)
 
 
 def _probe_sequence(tok) -> list[int]:
