@@ -51,8 +51,16 @@ nice -n 19 python3 scripts/gpu_rehearsal.py --json "$DIR/rehearsal.json" "$@" ||
 if [ "${REHEARSAL_RUN:-1}" = 1 ]; then
   log "gpu_vllm_run.sh as the device runs it (smoke --dry-run, the study's CPU smoke)"
   rm -rf "$DIR/run_out" "$DIR/gpu_smoke" "$DIR/gpu_study"
+  # the image has no bubblewrap: hide this machine's behind a non-executable /dev/null in a private
+  # mount namespace (the 2026-11-27 device run met it in the study's sandbox; root only)
+  hide=()
+  if bw="$(command -v bwrap)" && unshare --mount true 2>/dev/null; then
+    hide=(unshare --mount --propagation private sh -c "mount --bind /dev/null '$bw' && exec \"\$0\" \"\$@\"")
+  else
+    log "note: bubblewrap is not hidden here (not installed, or no mount namespace): the image has none"
+  fi
   if OUT="$DIR/run_out" SITE_ROOT="$DIR" VP_DIR="$DIR/vp" SMOKE_FLAGS="--dry-run" \
-     STUDY_ARGS="--smoke --seeds 0 -- --engine hf" nice -n 19 bash scripts/gpu_vllm_run.sh 1500 2; then
+     STUDY_ARGS="--smoke --seeds 0 -- --engine hf" nice -n 19 "${hide[@]}" bash scripts/gpu_vllm_run.sh 1500 2; then
     log "PASS gpu_vllm_run.sh: $(tail -1 "$DIR/run_out/timeline.txt")"
   else
     log "FAIL gpu_vllm_run.sh (exit $?): see $DIR/run_out"; rc=1

@@ -38,12 +38,21 @@ def test_summary_is_mean_and_population_std_over_seeds():
 
 
 @pytest.mark.slow
-def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path, capsys):
+def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path, capsys, monkeypatch):
+    """Run with --no-sandbox as the lent GPU machine runs it: that image has no bubblewrap, so the
+    local sandbox cannot start there (2026-11-27, H100); here starting one fails the test."""
+    from sandbox.process import SandboxProcess
+
+    def no_bubblewrap(self):
+        raise AssertionError("the study started a sandbox despite --no-sandbox")
+
+    monkeypatch.setattr(SandboxProcess, "__enter__", no_bubblewrap)
     out = tmp_path / "study"
     seeds = [str(shifted_seed(0)), str(shifted_seed(1))]
     assert load_script().main(["--out", str(out), "--smoke", "--seeds", *seeds, "--arms", "grpo,sgrpo:1.0",
-                               "--", "--steps", "1"]) == 0
+                               "--", "--steps", "1", "--no-sandbox"]) == 0
     text = capsys.readouterr().out
+    assert "sandbox   not started (--no-sandbox)" in text
     table = (out / "study_table.md").read_text()
     assert table.strip() in text
     for row in ("GRPO", "Stratified GRPO (alpha 1)", "after warm-up (start)"):

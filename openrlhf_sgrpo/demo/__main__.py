@@ -56,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="arms to train from the same warm-up, e.g. grpo,sgrpo:0.6,sgrpo:1.0 (the study script's)")
     p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="start no code sandbox: the demo's prompts offer search only, and a machine without "
+                        "bubblewrap (the lent GPU image) cannot start the local one; a <code> action then "
+                        "gets a tool-error observation")
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                    help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
                         "vLLM where it runs, else HF with the reason")
@@ -229,9 +233,10 @@ def _services(args, index: Path, train_index: Path | None, template: str):
     from openrlhf_sgrpo.local.services import local_services
 
     with contextlib.ExitStack() as stack:
-        urls = stack.enter_context(local_services(index))
-        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url}")
-        cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
+        urls = stack.enter_context(local_services(index, sandbox=not args.no_sandbox))
+        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url or 'not started (--no-sandbox)'}")
+        sandbox = {"sandbox_url": urls.sandbox_url} if urls.sandbox_url else {}
+        cfg = AgentConfig(retriever_url=urls.retriever_url, **sandbox, template=template,
                           max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward,
                           format_reward=True)
         train_cfg = cfg
