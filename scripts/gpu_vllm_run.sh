@@ -3,7 +3,7 @@
 # Ray, DeepSpeed, OpenRLHF and what the image lacks, carried over earlier calls into /tmp/vp), then
 # run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm: run A stratified_grpo, run B
 # SAPO + CalibAdv, each SMOKE_STEPS steps, every step and monitor read back from TensorBoard, and
-# the per-step time split), then with the time left the GRPO vs Stratified GRPO study
+# the per-step time split; SMOKE=0 skips it), then with the time left the GRPO vs Stratified GRPO study
 # (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). The engine bench runs only with BENCH=1.
 # Logs, the time split and the study's table go to $OUT.
 #
@@ -44,20 +44,25 @@ for m in ("torch", "vllm", "ray", "deepspeed", "openrlhf", "transformers"):
         print(m, "NOT INSTALLED")
 EOF
 
-# The smoke gets all but the study's reserve (default: none; the study runs on what is left).
-smoke_s=$(( $(left) - 20 - ${STUDY_RESERVE_S:-0} ))
-read -r -a smoke_extra <<< "${SMOKE_EXTRA---vllm.enforce_eager}"
-mark "smoke: $steps steps per run, up to $smoke_s s, extra flags: ${smoke_extra[*]:-none}"
-read -r -a smoke_flags <<< "${SMOKE_FLAGS:-}"
-timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out "$root/gpu_smoke" \
-  "${smoke_flags[@]}" -- "${smoke_extra[@]}" > "$OUT/smoke.log" 2>&1
-smoke_rc=$?
-mark "smoke exit $smoke_rc"
-# when each run's first training step began (OpenRLHF logs each step's timing/* with it)
-grep -E "^\[gpu_smoke\] run [AB] step 1 started" "$OUT/smoke.log" | while read -r _ _ run _ _ _ _ _ epoch; do
-  echo "[gpu_vllm_run] T+$(awk -v e="$epoch" -v t="$t0" 'BEGIN { printf "%.0f", e - t }') s: run $run's first training step started"
-done | tee -a "$OUT/timeline.txt"
-grep -E "^\[gpu_smoke\]|^\| |Error|error|Traceback" "$OUT/smoke.log" | grep -v "^\[gpu_smoke\] /" | tail -60
+smoke_rc=0
+if [ "${SMOKE:-1}" = 1 ]; then
+  # The smoke gets all but the study's reserve (default: none; the study runs on what is left).
+  smoke_s=$(( $(left) - 20 - ${STUDY_RESERVE_S:-0} ))
+  read -r -a smoke_extra <<< "${SMOKE_EXTRA---vllm.enforce_eager}"
+  mark "smoke: $steps steps per run, up to $smoke_s s, extra flags: ${smoke_extra[*]:-none}"
+  read -r -a smoke_flags <<< "${SMOKE_FLAGS:-}"
+  timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out "$root/gpu_smoke" \
+    "${smoke_flags[@]}" -- "${smoke_extra[@]}" > "$OUT/smoke.log" 2>&1
+  smoke_rc=$?
+  mark "smoke exit $smoke_rc"
+  # when each run's first training step began (OpenRLHF logs each step's timing/* with it)
+  grep -E "^\[gpu_smoke\] run [AB] step 1 started" "$OUT/smoke.log" | while read -r _ _ run _ _ _ _ _ epoch; do
+    echo "[gpu_vllm_run] T+$(awk -v e="$epoch" -v t="$t0" 'BEGIN { printf "%.0f", e - t }') s: run $run's first training step started"
+  done | tee -a "$OUT/timeline.txt"
+  grep -E "^\[gpu_smoke\]|^\| |Error|error|Traceback" "$OUT/smoke.log" | grep -v "^\[gpu_smoke\] /" | tail -60
+else
+  mark "smoke skipped (SMOKE=0): the study gets the call"
+fi
 
 if [ "${BENCH:-0}" = 1 ] && [ "$(( $(left) - 10 ))" -gt 45 ]; then
   timeout "$(( $(left) - 10 ))" python3 bench/engine_throughput.py --vllm-dtype bfloat16 --prompts 64 --tokens 128 \
@@ -74,8 +79,14 @@ if [ "$study_s" -gt 120 ]; then
   # only. STUDY_ARGS holds a `--`, so this goes to every seed's demo
   study_args+=(--no-sandbox)
   mark "study: up to $study_s s"
-  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${study_args[@]}" > "$OUT/study.log" 2>&1
+  # a second call (machine still warm) continues every seed where the first one was cut off
+  resume=(); [ -d "$root/gpu_study" ] && resume=(--resume)
+  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${resume[@]}" "${study_args[@]}" \
+    > "$OUT/study.log" 2>&1
   mark "study exit $?"; cp "$root"/gpu_study/study_table.md "$root"/gpu_study/study.json "$OUT/" 2>/dev/null
+  # a run cut off still brings back its per-step metrics and evaluations (no checkpoints)
+  (cd "$root" && find gpu_study \( -name "*.json" -o -name "*.jsonl" -o -name "*.md" \) -size -4M -print0 \
+    | tar czf "$OUT/study_files.tgz" --null -T -) 2>/dev/null
   tail -20 "$OUT/study.log"
 else
   mark "no time left for the study ($study_s s)"
