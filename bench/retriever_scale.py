@@ -265,7 +265,7 @@ def serve_and_measure(index: Path, exact_ids: np.ndarray, a: argparse.Namespace,
     finally:
         srv.__exit__(None, None, None)
     if encoded_model is not None:
-        srv, _ = first_answer([*common, "--model", str(encoded_model)])
+        srv, res["encode_first_answer_s"] = first_answer([*common, "--model", str(encoded_model)])
         try:
             texts = [f"who wrote the book number {i} in the series about rivers" for i in range(a.requests)]
             res.update({f"encode_{k}": v for k, v in load(srv.url, texts, a.clients).items()})

@@ -13,9 +13,11 @@ Phases, each leaving only complete files behind (written under a ``.part`` name,
    order in wiki-18, so one window would be one topic) → ``trained.index``.
 2. **add**: chunk ``i`` (``chunk_rows`` rows, the only vectors in RAM) is assigned to lists and
    encoded into a small IVF index ``block_i.index``. A restart skips the blocks on disk.
-3. **merge**: FAISS merges every block's lists into ``index.ivfdata`` (mmapped, so RSS is page
-   cache) and writes ``index.faiss``, which names that file; both are renamed into the output
-   folder, and the caller writes ``meta.json`` last. The server refuses a folder without it.
+3. **merge**: every block's lists are copied into ``index.ivfdata`` in the layout of FAISS's
+   ``OnDiskInvertedLists`` with plain reads and writes, one block in RAM
+   (:mod:`retriever_server.ivf_ondisk`; FAISS's own merge maps both sides and its RSS grew with
+   the file), then ``index.faiss``, which names that file, is written; both are renamed into the
+   output folder, and the caller writes ``meta.json`` last. The server refuses a folder without it.
 
 ``state.json`` records the source and the settings; a restart with other ones is refused with
 the differing fields named, never mixed into the same blocks.
@@ -35,6 +37,8 @@ from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
+
+from .ivf_ondisk import block_lists, ondisk_invlists, write_merged_lists
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +201,18 @@ def _write_atomic(index, path: Path) -> None:
     tmp.replace(path)
 
 
+def peak_rss_mb() -> float:
+    """The process's peak resident set so far (VmHWM, MB; -1 where /proc is absent): logged after
+    each phase so a conversion shows which phase set its peak (the RSS <= 8 GB budget)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return -1.0
+
+
 def _sample(source: VectorSource, n: int, windows: int = SAMPLE_WINDOWS) -> np.ndarray:
     """``n`` rows from ``windows`` evenly spaced contiguous windows (sequential reads)."""
     windows = max(1, min(windows, n))
@@ -286,35 +302,39 @@ class StreamingIVFBuilder:
         self.timings["add_s"] = time.perf_counter() - t0
 
     def merge(self, trained) -> None:
-        """Every block's lists → ``index.ivfdata`` (one file, list by list), then ``index.faiss``."""
+        """Every block's lists → ``index.ivfdata`` (one file, list by list), then ``index.faiss``.
+
+        :mod:`retriever_server.ivf_ondisk` writes the file with pread/pwrite, one block in RAM at a
+        time: FAISS's own ``merge_from_multiple`` maps the output and the blocks, so every page it
+        touches counted in the process's RSS (16 GB VmHWM at 21M rows). Both land under
+        ``.import/`` first and are renamed into place only when complete (data file first, so
+        ``index.faiss`` never names a missing or partial one)."""
         faiss = _faiss()
         t0 = time.perf_counter()
         ivfdata_tmp = self.work / IVFDATA_FILE
         ivfdata_tmp.unlink(missing_ok=True)
-        blocks, keep = [], []
-        for i in range(self.n_chunks):
-            b = faiss.read_index(str(self._block(i)), faiss.IO_FLAG_MMAP)  # lists mapped, not loaded
-            keep.append(b)
-            ivf = faiss.extract_index_ivf(b)
-            blocks.append(ivf.invlists)
-        index = faiss.clone_index(trained)
-        ivf = faiss.extract_index_ivf(index)
-        invlists = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(ivfdata_tmp))
-        vec = faiss.InvertedListsPtrVector()
-        for il in blocks:
-            vec.push_back(il)
-        ntotal = invlists.merge_from_multiple(vec.data(), vec.size(), False, False)
+        blocks = [block_lists(self._block(i)) for i in range(self.n_chunks)]
+        ivf_t = faiss.extract_index_ivf(trained)
+        if blocks and (len(blocks[0].sizes) != ivf_t.nlist or blocks[0].code_size != ivf_t.code_size):
+            raise ConversionError(f"blocks hold {len(blocks[0].sizes)} lists of {blocks[0].code_size} B, "
+                                  f"the trained index {ivf_t.nlist} of {ivf_t.code_size} B")
+        with tqdm(total=len(blocks), desc="import: merge lists", unit="block", disable=not self.progress,
+                  mininterval=5.0) as bar:
+            sizes = write_merged_lists(blocks, ivfdata_tmp, on_block=lambda i: bar.update(1))
+        ntotal = int(sizes.sum())
         if ntotal != self.source.ntotal:
             raise ConversionError(f"merged {ntotal} vectors, expected {self.source.ntotal}")
-        index.ntotal = ivf.ntotal = ntotal
-        invlists.filename = str((self.out / IVFDATA_FILE).resolve())  # where it will be after the rename
+        index = faiss.clone_index(trained)
+        ivf = faiss.extract_index_ivf(index)
+        # the name of where the file will be after the rename; the server reads it with
+        # IO_FLAG_ONDISK_SAME_DIR, so only the file name matters and the folder can move
+        invlists = ondisk_invlists(ivf.nlist, ivf.code_size, str((self.out / IVFDATA_FILE).resolve()), sizes)
         ivf.replace_invlists(invlists, True)
         invlists.this.disown()
-        # index.faiss names index.ivfdata; the server reads it with IO_FLAG_ONDISK_SAME_DIR, so
-        # only the file name matters and the folder can move.
+        index.ntotal = ivf.ntotal = ntotal
         index_tmp = self.work / "index.faiss"
         _write_atomic(index, index_tmp)
-        del index, keep, blocks
+        del index
         ivfdata_tmp.replace(self.out / IVFDATA_FILE)
         index_tmp.replace(self.out / "index.faiss")
         self.timings["merge_s"] = time.perf_counter() - t0
@@ -324,8 +344,11 @@ class StreamingIVFBuilder:
         self.out.mkdir(parents=True, exist_ok=True)
         self._check_state()
         trained = self.train()
+        self.timings["vmhwm_after_train_mb"] = peak_rss_mb()
         self.add(trained, on_chunk)
+        self.timings["vmhwm_after_add_mb"] = peak_rss_mb()
         self.merge(trained)
+        self.timings["vmhwm_after_merge_mb"] = peak_rss_mb()
         shutil.rmtree(self.work, ignore_errors=True)
         return {"factory": self.settings.factory(self.source.dim), **asdict(self.settings), **self.timings}
 
