@@ -199,6 +199,28 @@ def test_sync_weights_reach_the_engine_and_come_back(vllm_engine, policy):
     assert leftover_files() == []
 
 
+def test_a_sync_that_misses_a_tensor_raises(vllm_engine, policy, monkeypatch):
+    """vLLM only logs the weights a reload did not get and keeps their old values; the engine
+    counts what each worker read and refuses a short sync (the GPU bug of 2026-11-27 dropped a
+    random 10-20 % of the tensors from every sync and trained on unnoticed). A full sync after it
+    is accepted again."""
+    import openrlhf_sgrpo.engine.vllm as vllm_module
+
+    _, model, _ = policy
+    full = vllm_module.write_weights
+
+    def one_short(named, *args, **kwargs):
+        return full(list(named)[:-1], *args, **kwargs)
+
+    monkeypatch.setattr(vllm_module, "write_weights", one_short)
+    n = sum(1 for _ in model.named_parameters())
+    with pytest.raises(RuntimeError, match=f"delivered {n - 1} of the model's {n} tensors"):
+        vllm_engine.sync_weights(model)
+    monkeypatch.setattr(vllm_module, "write_weights", full)
+    assert vllm_engine.sync_weights(model) == n
+    assert leftover_files() == []
+
+
 def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path):
     """The same round trip for a model whose LM head is a matrix of its own, in bf16 (the dtype
     OpenRLHF's engines serve): the head is reloaded as a weight, not re-packed from the embedding."""

@@ -38,7 +38,7 @@ import uuid
 from typing import Any
 
 from openrlhf_sgrpo.engine.sampling import SamplingParams
-from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, write_weights
+from openrlhf_sgrpo.engine.weight_sync import check_delivered, reload_worker_weights, write_weights
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -174,7 +174,8 @@ class VLLMGenerationEngine:
 
     def sync_weights(self, model) -> int:
         """Load ``model``'s parameters (Hugging Face names) into the engine; drop cached prefixes,
-        whose KV was computed with the old weights. Returns the tensors loaded per worker."""
+        whose KV was computed with the old weights. Returns the tensors loaded per worker; raises
+        where a worker read fewer than the model has (``check_delivered``)."""
         path = write_weights(model.named_parameters())
         try:
             async def reload():
@@ -185,8 +186,9 @@ class VLLMGenerationEngine:
             counts = self._call(reload())
         finally:
             path.unlink(missing_ok=True)
+        delivered = check_delivered(counts, model)
         self.weight_syncs += 1
-        return min(counts)
+        return delivered
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -50,17 +50,18 @@ def reload_in_rollout_actor(rollout_actor: Any, path: str, reset_prefix_cache: b
 
 
 def broadcast_to_engines_via_shm(model: Any, engines: list) -> int:
-    """Write ``model``'s parameters once, have every engine reload them, remove the file."""
+    """Write ``model``'s parameters once, have every engine reload them, remove the file; raises
+    where an engine read fewer tensors than the model has."""
     import ray
 
-    from openrlhf_sgrpo.engine.weight_sync import write_weights
+    from openrlhf_sgrpo.engine.weight_sync import check_delivered, write_weights
 
     path = write_weights(model.named_parameters())
     try:
         counts = ray.get([engine.__ray_call__.remote(reload_in_rollout_actor, str(path)) for engine in engines])
     finally:
         path.unlink(missing_ok=True)
-    return min(counts) if counts else 0
+    return check_delivered(counts, model)
 
 
 def _wrap_broadcast(broadcast):
