@@ -8,6 +8,7 @@ compute_reward, get_cumulative_returns, FixedKLController, the PPOTrainer module
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 import subprocess
@@ -317,26 +318,42 @@ def test_ray_runtime_env_starts_workers_with_stand_ins_only_and_forwards_the_age
     assert env["env_vars"]["NCCL_DEBUG"] == "WARN"  # OpenRLHF's own default
 
 
-@pytest.mark.parametrize("given", ["9.0a", "8.0;9.0a+PTX", "8.0 10.0f 12.0a"])
-def test_arch_suffixes_reach_the_workers_in_the_form_deepspeeds_builder_parses(monkeypatch, given):
+ARCH_LISTS = ["9.0a", "8.0;9.0a+PTX", "8.0 10.0f 12.0a"]
+
+
+def test_arch_suffixes_reach_the_workers_in_the_form_deepspeeds_builder_parses(monkeypatch):
     """The lent H200's image sets TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed 0.19.6's JIT builder (FusedAdam,
-    in the policy actor) raised ValueError on it. Checked with DeepSpeed's own parser, in a fresh
-    interpreter as a worker gets the variable."""
+    in the policy actor) raised ValueError on it. Checked with DeepSpeed's own parser in a fresh
+    interpreter (one for every list: the builder reads the variable at each call), raw and fixed."""
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
-    def deepspeed_gencode(arch_list: str) -> subprocess.CompletedProcess:
-        code = ("from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder; b = FusedAdamBuilder(); "
-                "b.jit_mode = False; print(b.compute_capability_args())")
-        return subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_CUDA_ARCH_LIST": arch_list},
-                              capture_output=True, text=True, timeout=300)
-
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", given)
-    fixed = ray_runtime_env()["env_vars"]["TORCH_CUDA_ARCH_LIST"]
-    assert "ValueError" in deepspeed_gencode(given).stderr  # what the worker met with the raw value
-    ok = deepspeed_gencode(fixed)
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    assert "sm_90" in ok.stdout or "sm_100" in ok.stdout
-    assert ("+PTX" in fixed) == ("+PTX" in given)
+    fixed = {}
+    for given in ARCH_LISTS:
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", given)
+        fixed[given] = ray_runtime_env()["env_vars"]["TORCH_CUDA_ARCH_LIST"]
+    code = """
+import json, os, sys
+from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+out = {}
+for arch_list in json.loads(sys.argv[1]):
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+    b = FusedAdamBuilder(); b.jit_mode = False
+    try:
+        out[arch_list] = ["ok", str(b.compute_capability_args())]
+    except Exception as e:  # what a worker met with the raw value
+        out[arch_list] = [type(e).__name__, str(e)]
+print("RESULT " + json.dumps(out))
+"""
+    lists = [*ARCH_LISTS, *fixed.values()]
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(lists)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    for given in ARCH_LISTS:
+        assert got[given][0] == "ValueError", (given, got[given])
+        status, args = got[fixed[given]]
+        assert status == "ok", (given, fixed[given], args)
+        assert "sm_90" in args or "sm_100" in args, (given, args)
+        assert ("+PTX" in fixed[given]) == ("+PTX" in given)
 
 
 def test_arch_list_without_suffixes_is_left_as_the_user_set_it(monkeypatch):
