@@ -335,6 +335,8 @@ def _train_arm(args, arm, model, tok, rollouts, engine, data, stages, logger) ->
 
 def run(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
+    import torch
+
     from agent_env.templates import build_prompt
     from openrlhf_sgrpo.demo.arms import arms_for
     from openrlhf_sgrpo.demo.memory import StagePeaks
@@ -371,7 +373,7 @@ def run(args: argparse.Namespace) -> dict:
     index = Path(data.index) if data.index else cached_index_for(data.corpus)
     train_index = cached_index_for(data.train_corpus) if data.train_corpus else None
     stages(f"services, expert demonstrations, policy ({args.model}), {args.engine} engine")
-    model, tok = load_policy(args.model, args.device, seed=args.seed)
+    model, tok = load_policy(args.model, args.device, seed=args.seed, dtype=torch.float32)  # trained: fp32
     if args.gradient_checkpointing:  # before the warm-up, whose backward is as large as RL's
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     print(f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")

@@ -183,8 +183,15 @@ def _pad(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def make_optimizer(model, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW, fused where the device supports it (one kernel, no per-step temporaries)."""
+    """AdamW, fused where the device supports it (one kernel, no per-step temporaries).
+
+    Refuses weights below fp32: the runner keeps no fp32 master copy, and AdamW's small steps
+    round away on bf16/fp16 weights (``load_policy``'s docstring has the measurement)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    low = sorted({str(p.dtype) for p in params if p.dtype != torch.float32})
+    if low:
+        raise ValueError(f"the single-machine runner trains fp32 weights; this model has {', '.join(low)} "
+                         "(load it with load_policy(..., dtype=torch.float32))")
     try:
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
     except (RuntimeError, ValueError):
