@@ -233,3 +233,11 @@ def test_sapo_takes_two_optimizer_steps_per_rollout_by_default():
     assert parse_args([]).train_batch_size == 8
     odd = parse_args(["--sapo", "--prompts-per-step", "1"])  # one group cannot be halved: two epochs
     assert odd.train_batch_size == 4 and odd.max_epochs == 2
+
+
+def test_kv_cache_default_follows_the_device_and_an_explicit_size_wins():
+    """0.5 GiB on a CPU (~11k tokens of SmolLM2 in fp32); on a GPU it held only ~15 of a study step's
+    64 trajectories at once (H100, 2026-11-27), so 4 GiB there."""
+    assert parse_args([]).kv_cache_gb == 0.5
+    assert parse_args(["--device", "cuda"]).kv_cache_gb == 4.0
+    assert parse_args(["--device", "cuda", "--kv-cache-gb", "1"]).kv_cache_gb == 1.0

@@ -66,9 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compact-heap", action="store_true",
                    help="serve allocations >= 1 MB with their own mmap: ~0.7 GB less peak RSS in the update, "
                         "~25%% slower (bench/update_allocator.py)")
-    p.add_argument("--kv-cache-gb", type=float, default=0.5,
-                   help="vLLM's KV-cache size on a CPU, GiB (0.5: ~11k tokens of SmolLM2 in fp32, enough for "
-                        "~15 held-out trajectories at once; 1.0 runs all 48 at once, ~10%% faster, 0.5 GB more)")
+    p.add_argument("--kv-cache-gb", type=float, default=None,
+                   help="vLLM's KV-cache size, GiB (default 0.5 on a CPU: ~11k tokens of SmolLM2 in fp32, enough "
+                        "for ~15 held-out trajectories at once; 1.0 runs all 48 at once, ~10%% faster, 0.5 GB more. "
+                        "Default 4 on a GPU, where 0.5 held ~15 of a step's 64 trajectories at once)")
     p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
     p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
     p.add_argument("--index", default=None, help="an existing retriever index folder")
@@ -122,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.steps = (2 if smoke else 8) if args.steps is None else args.steps
     args.train_pairs = (8 if smoke else 200) if args.train_pairs is None else args.train_pairs
     args.warmup_steps = (6 if smoke else 12) if args.warmup_steps is None else args.warmup_steps
+    if args.kv_cache_gb is None:
+        args.kv_cache_gb = 0.5 if args.device == "cpu" else 4.0
     if smoke:
         args.warmup_lr = 1e-2
         args.demos = min(args.demos, 16)
