@@ -1,6 +1,6 @@
 """The wiki-18-scale path at small N: Search-R1's flat file read by offset, the streamed IVF-SQ8
-conversion (resume, atomic output, clear errors), and bench/retriever_scale.py end to end through
-the real server. docs/retriever.md holds the same code's figures at 2M and 21M rows."""
+conversion (resume, atomic output, clear errors), its merge against FAISS's own (same bytes, same
+answers, bounded peak RSS), and bench/retriever_scale.py end to end through the real server. docs/retriever.md holds the same code's figures at 2M and 21M rows."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import requests
 faiss = pytest.importorskip("faiss")
 
 from retriever_server import import_index as imp
+from retriever_server import ivf_stream
 from retriever_server.background import ServerProcess
 from retriever_server.build_index import build_index
 from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip
@@ -205,6 +206,34 @@ def test_merge_writes_faiss_layout_with_bounded_memory(tmp_path, capfd):
     np.testing.assert_array_equal(ia, ir)
     np.testing.assert_array_equal(da, dr)
     assert (ia >= 0).all()
+
+
+def test_crash_during_the_merge_leaves_nothing_servable_and_resumes_from_the_blocks(search_r1_files, tmp_path,
+                                                                                    monkeypatch):
+    corpus, flat, vecs, _ = search_r1_files
+    out, settings = tmp_path / "idx", StreamSettings("ivf_sq8", nlist=64, chunk_rows=2_000)
+    real = ivf_stream.write_merged_lists
+
+    def killed_at_third_block(blocks, path, on_block=None):
+        def on(i: int) -> None:
+            if i == 2:
+                raise KeyboardInterrupt("simulated crash in the merge")
+        return real(blocks, path, on_block=on)
+
+    monkeypatch.setattr(ivf_stream, "write_merged_lists", killed_at_third_block)
+    with pytest.raises(KeyboardInterrupt):
+        imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", settings=settings,
+                         progress=False)
+    assert (out / WORK_DIR / IVFDATA_FILE).exists()  # half written, under .import only
+    assert not (out / IVFDATA_FILE).exists() and not (out / "index.faiss").exists()
+    with pytest.raises(IndexMismatch, match="not a finished index"):
+        Retriever(out)
+    monkeypatch.setattr(ivf_stream, "write_merged_lists", real)
+    seen: list[int] = []
+    meta = imp.import_index(flat, corpus, out, vecs.model, profile="e5", index_type="ivf_sq8", settings=settings,
+                            on_chunk=lambda s, x: seen.append(s), progress=False)
+    assert seen == [] and meta["count"] == ROWS  # every block was kept: only the merge ran again
+    assert Retriever(out).search(["synthetic passage 5."], 1)
 
 
 def test_native_build_index_reaches_the_streamed_type(tmp_path):
