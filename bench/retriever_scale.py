@@ -14,7 +14,8 @@ What it does, in order (each step's numbers land in one table and ``WORK/results
 2. **Exact top-k** of held-out queries by brute force over every chunk as it passes (the ground
    truth for recall@3).
 3. **Conversion** in a child process (``python -m retriever_server.import_index``, or the stream
-   equivalent): wall time, peak RSS (VmHWM) and peak private memory (RssAnon, sampled).
+   equivalent): wall time, peak RSS (the child's VmHWM from /proc, sampled; the converter also
+   records its VmHWM after each phase in meta.json) and peak private memory (RssAnon, sampled).
 4. **Serving** (``python -m retriever_server.serve``, query cache off): seconds from process start
    to the first answer; recall@3 of the server's default setting against the exact top-3;
    64 concurrent clients, one distinct query per request, QPS and p50/p99, private memory and the
@@ -146,16 +147,20 @@ def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, e
 
 
 class MemorySampler:
-    """Peak private memory (RssAnon) and file pages of a child process, sampled every 0.2 s."""
+    """Peak private memory (RssAnon), file pages and VmHWM of a child process, sampled every 0.2 s.
+
+    VmHWM is read from /proc rather than taken from ``wait4``'s ``ru_maxrss``: Linux folds the
+    pre-exec copy of the parent (this bench, which may hold GBs after writing the source files)
+    into the child's ``ru_maxrss``, so that figure overstates the converter's own peak."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.peak = pid, {"rss_anon_mb": 0.0, "rss_file_mb": 0.0, "rss_mb": 0.0}
+        self.pid, self.peak = pid, {"rss_anon_mb": 0.0, "rss_file_mb": 0.0, "rss_mb": 0.0, "vmhwm_mb": 0.0}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
     def _run(self) -> None:
-        keys = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}
+        keys = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb", "VmHWM:": "vmhwm_mb"}
         while not self._stop.wait(0.2):
             try:
                 for line in open(f"/proc/{self.pid}/status"):
@@ -180,8 +185,8 @@ def run_child(cmd: list[str]) -> dict[str, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:4]} failed with exit {proc.returncode}")
-    return {"seconds": time.perf_counter() - t0, "peak_rss_mb": usage.ru_maxrss / 1024,
-            "peak_rss_anon_mb": peak["rss_anon_mb"]}
+    return {"seconds": time.perf_counter() - t0, "peak_rss_mb": peak["vmhwm_mb"],
+            "peak_rss_anon_mb": peak["rss_anon_mb"], "ru_maxrss_mb": usage.ru_maxrss / 1024}
 
 
 def bert_base_shaped(work: Path) -> Path:
@@ -365,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
 def print_table(r: dict) -> None:
     iv = r["ivf"]
     rows = [("rows", f"{r['rows']:,}"), ("source", r["source"]),
-            ("conversion", f"{r['convert_seconds']:.0f} s, peak RSS {r['convert_peak_rss_mb'] / 1024:.2f} GB "
+            ("conversion", f"{r['convert_seconds']:.0f} s, VmHWM {r['convert_peak_rss_mb'] / 1024:.2f} GB "
                            f"(RssAnon {r['convert_peak_rss_anon_mb'] / 1024:.2f} GB)"),
             ("phases", json.dumps(r.get("convert_phases"))),
             ("index size", f"{r['index_gb']:.2f} GB (+ docstore {r['docstore_gb']:.2f} GB)"),
