@@ -59,7 +59,8 @@ if [ "${REHEARSAL_RUN:-1}" = 1 ]; then
   else
     log "note: bubblewrap is not hidden here (not installed, or no mount namespace): the image has none"
   fi
-  if OUT="$DIR/run_out" SITE_ROOT="$DIR" VP_DIR="$DIR/vp" SMOKE_FLAGS="--dry-run" \
+  # SYNC_CHECK=0: the carried vLLM is the CUDA build, which cannot start an engine on this CPU
+  if OUT="$DIR/run_out" SITE_ROOT="$DIR" VP_DIR="$DIR/vp" SMOKE_FLAGS="--dry-run" SYNC_CHECK=0 \
      STUDY_ARGS="--smoke --seeds 0 -- --engine hf" nice -n 19 "${hide[@]}" bash scripts/gpu_vllm_run.sh 1500 2; then
     log "PASS gpu_vllm_run.sh: $(tail -1 "$DIR/run_out/timeline.txt")"
   else

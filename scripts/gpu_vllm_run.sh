@@ -4,7 +4,8 @@
 # run the cluster path on vLLM (scripts/gpu_smoke.py --engine vllm: run A stratified_grpo, run B
 # SAPO + CalibAdv, each SMOKE_STEPS steps, every step and monitor read back from TensorBoard, and
 # the per-step time split; SMOKE=0 skips it), then with the time left the GRPO vs Stratified GRPO study
-# (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). The engine bench runs only with BENCH=1.
+# (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). Before all that (SYNC_CHECK=1, the default), our
+# engine's weight sync is checked by value on the GPU. The engine bench runs only with BENCH=1.
 # Logs, the time split and the study's table go to $OUT.
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
@@ -43,6 +44,15 @@ for m in ("torch", "vllm", "ray", "deepspeed", "openrlhf", "transformers"):
     except importlib.metadata.PackageNotFoundError:  # report every missing piece at once, then go on
         print(m, "NOT INSTALLED")
 EOF
+
+# Our single-machine engine's weight sync, checked by value with the trainer on the GPU (a CUDA-only
+# bug dropped part of every sync until 2026-11-27): SmolLM2, bf16 and fp32 engines, ~1-2 min
+if [ "${SYNC_CHECK:-1}" = 1 ]; then
+  mark "sync check (scripts/gpu_sync_check.py)"
+  timeout "$(( $(left) / 3 ))" python3 scripts/gpu_sync_check.py --dtypes bfloat16 float32 --json "$OUT/sync_check.json" \
+    > "$OUT/sync_check.log" 2>&1
+  mark "sync check exit $?"; grep "^\[gpu_sync_check\]" "$OUT/sync_check.log"
+fi
 
 smoke_rc=0
 if [ "${SMOKE:-1}" = 1 ]; then

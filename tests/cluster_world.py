@@ -27,6 +27,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from engine_probe import policy_log_probs, scramble_  # noqa: F401 - the tests import them from here
 from fitted_policy import fitted_policy_dir
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
@@ -186,18 +187,6 @@ def cpu_actor_trainer(args, model, vllm_engines=None, strategy=None, scheduler=N
                                      vllm_engines=vllm_engines)
 
 
-def scramble_(model) -> None:
-    """A known, large weight change in place: every weight of the last MLP flips sign and the
-    embedding scales by 3 (and an untied LM head with it), so the policy's output and log-probs
-    move far from the fitted ones."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layers.1.mlp" in name:
-                p.neg_()
-            if name.endswith(("embed_tokens.weight", "lm_head.weight")):  # a tied head is listed once
-                p.mul_(3.0)
-
-
 def sample_record(s) -> dict:
     """One generated sample (an ``Experience`` of one row) as plain data."""
     return {"prompt": s.prompts[0], "label": s.labels[0], "reward": float(s.rewards[0]),
@@ -260,11 +249,3 @@ def check_engine_contract(raw: list[dict], tokenizer, *, max_len: int, max_turns
         assert lp is not None and len(lp) == len(mask)
         assert all(lp[i] == 0.0 for i in range(len(mask)) if not mask[i])
         assert all(lp[i] <= 0.0 for i in action_cols) and any(lp[i] < 0.0 for i in action_cols)
-
-
-def policy_log_probs(model, sequence: list[int], temperature: float) -> torch.Tensor:
-    """log p(token i+1 | tokens <= i) of the tempered policy, fp32: column i matches action-mask column i."""
-    with torch.no_grad():
-        seq = torch.tensor([sequence])
-        logits = model(seq).logits[0, :-1].float() / temperature
-        return torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0]

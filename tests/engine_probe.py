@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable
 
 import torch
-from cluster_world import policy_log_probs
 
 # Mean |engine - trainer| of teacher-forced log-probs (nats/token) that counts as "the same
 # function". Measured on the fitted tiny policy (2 layers, hidden 64, 151,936-token vocabulary) on
@@ -33,13 +32,34 @@ SAME_FUNCTION_NATS = {torch.float32: 1e-3, torch.bfloat16: 0.25}
 # so a weight that did not arrive cannot hide inside the tolerance (the scramble: ~4.7 nats/token).
 CHANGE_FACTOR = 10
 
+def policy_log_probs(model, sequence: list[int], temperature: float) -> torch.Tensor:
+    """log p(token i+1 | tokens <= i) of the tempered policy, fp32, on the CPU: column i matches
+    action-mask column i. Runs where the model is (scripts/gpu_sync_check.py runs it on CUDA)."""
+    with torch.no_grad():
+        seq = torch.tensor([sequence], device=next(model.parameters()).device)
+        logits = model(seq).logits[0, :-1].float() / temperature
+        return torch.log_softmax(logits, -1).gather(1, seq[0, 1:, None])[:, 0].cpu()
+
+
+def scramble_(model) -> None:
+    """A known, large weight change in place: every weight of the last MLP flips sign and the
+    embedding scales by 3 (and an untied LM head with it), so the policy's output and log-probs
+    move far from the fitted ones."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers.1.mlp" in name:
+                p.neg_()
+            if name.endswith(("embed_tokens.weight", "lm_head.weight")):  # a tied head is listed once
+                p.mul_(3.0)
+
+
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def expected_engine_tensors(model) -> dict[str, torch.Tensor]:
     """The trainer's parameters under vLLM's names: q/k/v and gate/up concatenated as vLLM fuses
     them (rows, in that order), the LM head as the embedding when the model ties them."""
-    hf = {name: p.detach().float().clone() for name, p in model.named_parameters()}
+    hf = {name: p.detach().float().cpu().clone() for name, p in model.named_parameters()}
     out = dict(hf)
     for name, tensor in hf.items():
         for fused, parts in FUSED.items():

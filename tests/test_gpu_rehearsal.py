@@ -186,3 +186,21 @@ def test_the_rehearsals_image_has_every_package_the_pieces_leave_to_the_image():
     assert sorted(set(image_has) - names) == []
     pins = dict(line.split("==") for line in reqs if "==" in line)
     assert pins["torch"] == "2.11.0" and pins["transformers"] == "5.17.0"  # KINDS.md's pip list
+
+
+@pytest.mark.slow
+def test_the_gpu_sync_check_passes_here(tmp_path):
+    """scripts/gpu_sync_check.py (run first on a lent GPU) works before a device minute is spent on
+    it: on this CPU, tiny model, fp32 engine, the round trip passes with the change far outside the
+    tolerance. (A short sync raises in the engine itself: test_engines.py.)"""
+    from openrlhf_sgrpo.engine import vllm_unavailable_reason
+
+    if (reason := vllm_unavailable_reason()) is not None:
+        pytest.skip(f"needs vLLM: {reason}")
+    import gpu_sync_check
+
+    out = tmp_path / "sync.json"
+    assert gpu_sync_check.main(["--model", "tiny-qwen2", "--dtypes", "float32", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["trainer_device"] == "cpu" and result["engine_tensors_checked"] > 0
+    assert result["gaps_nats_per_token"]["changed"] <= 1e-3 < result["gaps_nats_per_token"]["trainer_moved"]
