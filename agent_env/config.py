@@ -33,7 +33,9 @@ class AgentConfig:
     search_backend: str = "local"
     # retriever_server's /search proxy (it holds SERPER_API_KEY and the shared answer cache)
     web_search_url: str = "http://127.0.0.1:8000/search"
-    sandbox_url: str = "http://127.0.0.1:8080/run_code"
+    # None (YAML null): this run has no code tool; a <code> action gets an error observation and
+    # counts in code_errors, and no request is sent anywhere (search-only runs without a sandbox)
+    sandbox_url: str | None = "http://127.0.0.1:8080/run_code"
     max_turns: int = 4
     topk: int = 3
     max_obs_tokens: int = 500

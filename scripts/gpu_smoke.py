@@ -120,8 +120,7 @@ def agent_config(out: Path, retriever_url: str, sandbox_url: str | None, templat
     path = out / "agent_config.yaml"
     lines = [f"retriever_url: {retriever_url}", f"template: {template}", "max_turns: 3", "topk: 3",
              "max_obs_tokens: 256", "max_tokens_per_turn: 128", "reward: f1", "format_reward: true"]
-    if sandbox_url:
-        lines.append(f"sandbox_url: {sandbox_url}")
+    lines.append(f"sandbox_url: {sandbox_url or 'null'}")  # null: no code tool, nothing sent
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -182,3 +182,20 @@ def test_max_tokens_per_turn_caps_every_turn_not_only_the_first(server, tok):
     # the scripted engine cuts at max_tokens, so an uncapped run keeps the long first turn whole
     free = run_episodes(make_cfg(server), tok, [[long_search, ANSWER]])[0]
     assert free["action_ranges"][0][1] - free["action_ranges"][0][0] > cap
+
+
+def test_a_run_without_a_sandbox_answers_code_with_an_error_and_sends_nothing(tok):
+    """``sandbox_url: null`` (the demo's and the GPU smoke's --no-sandbox): a <code> action is a
+    counted, failed code call whose observation says why; no request leaves the agent, so code
+    never reaches whatever listens on the default port."""
+    with MiniToolServer(CORPUS) as srv:
+        cfg = config_from_dict({**dict(retriever_url=srv.url("/retrieve"), web_search_url=srv.url("/search"),
+                                       retries=1, backoff_s=0.01, request_timeout_s=5),
+                                "sandbox_url": None, "template": "deep_research", "reward": "gaia"})
+        code = "<think>compute</think><code>\nprint(6 * 7)\n</code>"
+        (res,) = run_episodes(cfg, tok, [[code, "<think>ok</think><answer>42</answer>"]], label="42.0")
+        assert sum(srv.requests.values()) == 0
+    meta = res["extra_logs"]
+    assert (meta[K.CODE_CALLS], meta[K.CODE_ERRORS], meta[K.TOOL_ERRORS]) == (1, 1, 1)
+    assert "<result>code execution failed: no code sandbox in this run (sandbox_url: null)</result>" in \
+        tok.decode(res["observation_tokens"])

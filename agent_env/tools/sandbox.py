@@ -36,12 +36,14 @@ def format_run_result(data: dict) -> str:
 class SandboxClient:
     """`await run(code)` → the program's output text."""
 
-    def __init__(self, url: str, http: JsonHttp, run_timeout_s: float = 10.0, language: str = "python",
+    def __init__(self, url: str | None, http: JsonHttp, run_timeout_s: float = 10.0, language: str = "python",
                  http_margin_s: float = HTTP_MARGIN_S):
         self.url, self.http = url, http
         self.run_timeout_s, self.language, self.http_margin_s = run_timeout_s, language, http_margin_s
 
     async def run(self, code: str) -> str:
+        if self.url is None:  # a run without a code tool: the code goes nowhere
+            raise ToolError("no code sandbox in this run (sandbox_url: null)")
         payload = {"code": code, "language": self.language, "run_timeout": self.run_timeout_s}
         data = await self.http.post(self.url, payload, timeout_s=self.run_timeout_s + self.http_margin_s)
         return format_run_result(data)

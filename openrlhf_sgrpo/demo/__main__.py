@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-sandbox", action="store_true",
                    help="start no code sandbox: the demo's prompts offer search only, and a machine without "
                         "bubblewrap (the lent GPU image) cannot start the local one; a <code> action then "
-                        "gets a tool-error observation")
+                        "gets an error observation and no request is sent")
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                    help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
                         "vLLM where it runs, else HF with the reason")
@@ -238,8 +238,7 @@ def _services(args, index: Path, train_index: Path | None, template: str):
     with contextlib.ExitStack() as stack:
         urls = stack.enter_context(local_services(index, sandbox=not args.no_sandbox))
         print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url or 'not started (--no-sandbox)'}")
-        sandbox = {"sandbox_url": urls.sandbox_url} if urls.sandbox_url else {}
-        cfg = AgentConfig(retriever_url=urls.retriever_url, **sandbox, template=template,
+        cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
                           max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward,
                           format_reward=True)
         train_cfg = cfg
