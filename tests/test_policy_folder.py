@@ -29,13 +29,12 @@ def test_user_folder_is_returned_and_a_missing_one_is_named(tmp_path):
         policy_folder("no/such/model")
 
 
-def test_a_trained_policy_is_fp32_and_a_bf16_one_is_refused_by_name(tmp_path, monkeypatch):
+def test_a_trained_policy_is_fp32_and_a_bf16_one_is_refused_by_name():
     """A local folder loads in bf16 on CUDA unless the caller asks for fp32 (the demo, which trains,
     does); the runner's optimizer refuses bf16 weights, whose small AdamW steps round away."""
     from openrlhf_sgrpo.local.trainer import make_optimizer
 
-    monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
-    folder = str(policy_folder("tiny-qwen2"))
+    folder = str(policy_folder("tiny-qwen2"))  # the shared asset cache's copy
     assert next(load_policy(folder, dtype=torch.float32)[0].parameters()).dtype == torch.float32
     bf16, _ = load_policy(folder, dtype=torch.bfloat16)  # as a CUDA load of a folder gives by default
     assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
