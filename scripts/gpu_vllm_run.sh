@@ -6,7 +6,7 @@
 # the per-step time split; SMOKE=0 skips it), then with the time left the GRPO vs Stratified GRPO study
 # (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). Before all that (SYNC_CHECK=1, the default), our
 # engine's weight sync is checked by value on the GPU. The engine bench runs only with BENCH=1.
-# Logs, the time split and the study's table go to $OUT.
+# Logs, the time split and the study's files go to $OUT (at most 8 files come back: keep it so).
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
 # SECONDS is the wall time this call may use. The timing plan (docs/deploy.md, "CPU rehearsal"):
@@ -93,8 +93,9 @@ if [ "$study_s" -gt 120 ]; then
   resume=(); [ -d "$root/gpu_study" ] && resume=(--resume)
   timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${resume[@]}" "${study_args[@]}" \
     > "$OUT/study.log" 2>&1
-  mark "study exit $?"; cp "$root"/gpu_study/study_table.md "$root"/gpu_study/study.json "$OUT/" 2>/dev/null
-  # a run cut off still brings back its per-step metrics and evaluations (no checkpoints)
+  mark "study exit $?"
+  # the table, study.json and every seed's metrics and evaluations (no checkpoints), also of a run
+  # cut off, in one file: the device returns 8 files at most
   (cd "$root" && find gpu_study \( -name "*.json" -o -name "*.jsonl" -o -name "*.md" \) -size -4M -print0 \
     | tar czf "$OUT/study_files.tgz" --null -T -) 2>/dev/null
   tail -20 "$OUT/study.log"
