@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from retriever_server.background import ServerProcess
 from retriever_server.docstore import DOCS_FILE, OFFSETS_FILE
 from retriever_server.flat_file import FlatIPWriter
+from retriever_server.native_heap import proc_status_mb
 from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
 
 GEN_CHUNK = 262_144
@@ -162,13 +163,11 @@ class MemorySampler:
     def _run(self) -> None:
         keys = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb", "VmHWM:": "vmhwm_mb"}
         while not self._stop.wait(0.2):
-            try:
-                for line in open(f"/proc/{self.pid}/status"):
-                    k = keys.get(line.split(":", 1)[0] + ":")
-                    if k:
-                        self.peak[k] = max(self.peak[k], int(line.split()[1]) / 1024)
-            except OSError:
+            now = proc_status_mb(keys, self.pid)
+            if not now:  # the child is gone
                 return
+            for k, v in now.items():
+                self.peak[k] = max(self.peak[k], v)
 
     def stop(self) -> dict[str, float]:
         self._stop.set()

@@ -39,6 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .ivf_ondisk import block_lists, ondisk_invlists, write_merged_lists
+from .native_heap import proc_status_mb
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +205,7 @@ def _write_atomic(index, path: Path) -> None:
 def peak_rss_mb() -> float:
     """The process's peak resident set so far (VmHWM, MB; -1 where /proc is absent): logged after
     each phase so a conversion shows which phase set its peak (the RSS <= 8 GB budget)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return -1.0
+    return round(proc_status_mb({"VmHWM:": "vmhwm_mb"}).get("vmhwm_mb", -1.0), 1)
 
 
 def _sample(source: VectorSource, n: int, windows: int = SAMPLE_WINDOWS) -> np.ndarray:

@@ -47,20 +47,27 @@ _STATUS_FIELDS = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rs
                   "RssShmem:": "rss_shmem_mb"}
 
 
+def proc_status_mb(fields: dict[str, str], pid: int | str = "self") -> dict[str, float]:
+    """The ``/proc/PID/status`` lines named in ``fields`` (``"VmRSS:"`` -> its key), in MB; empty
+    where /proc is absent or the process is gone."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key = fields.get(line.split(":", 1)[0] + ":")
+                if key:
+                    out[key] = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return out
+
+
 def process_memory() -> dict[str, float]:
     """RSS split into private memory (``rss_anon_mb``: heap, model weights; what the machine must
     really hold) and mapped file pages (``rss_file_mb``: libraries and a memory-mapped index,
     reclaimable page cache), and on glibc the heap's bytes in use and free inside it (where RSS
     growth hides; trimmed free pages still count as free here but no longer in RSS)."""
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key = _STATUS_FIELDS.get(line.split(":", 1)[0] + ":")
-                if key:
-                    out[key] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    out = proc_status_mb(_STATUS_FIELDS)
     if _MALLINFO2 is not None:
         m = _MALLINFO2()
         out.update(heap_in_use_mb=m.uordblks / MB, heap_free_mb=m.fordblks / MB, mmapped_mb=m.hblkhd / MB)

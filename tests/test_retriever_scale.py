@@ -23,6 +23,7 @@ from retriever_server.build_index import build_index
 from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip
 from retriever_server.faiss_index import read_index
 from retriever_server.ivf_stream import IVFDATA_FILE, WORK_DIR, ConversionError, StreamingIVFBuilder, StreamSettings
+from retriever_server.native_heap import proc_status_mb
 from retriever_server.retriever import IndexMismatch, Retriever
 from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
 
@@ -151,13 +152,10 @@ class _RandomRows:
 def _rss_rise_mb(fn) -> float:
     """How far the process's peak RSS (VmHWM, what the conversion's budget is about) rises above
     its RSS while ``fn`` runs; writing 5 to clear_refs resets the peak to the current RSS."""
-    def status(key: str) -> float:
-        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key)) / 1024
-
     Path("/proc/self/clear_refs").write_text("5")
-    before = status("VmRSS:")
+    before = proc_status_mb({"VmRSS:": "rss"})["rss"]
     fn()
-    return status("VmHWM:") - before
+    return proc_status_mb({"VmHWM:": "hwm"})["hwm"] - before
 
 
 def _faiss_merge(builder: StreamingIVFBuilder, trained, out: Path) -> None:
