@@ -44,28 +44,15 @@ def perturb_(model, scale: float = 0.3) -> None:
 
 
 def judge(states: dict, references: dict, expected: dict, dtype) -> dict:
-    """The engine tests' criteria (``engine_probe.check_sync_round_trip``) where they hold at this
-    size: an fp32 engine as they state it. A bf16 engine: every tensor it holds readably equals the
-    trainer's rounded to bf16 (on a GPU vLLM keeps every weight readable, so that is all of them),
-    and its log-probs are within bf16's tolerance or a tenth of how far the change moved the
-    trainer, whichever is larger (SmolLM2 perturbed: 0.33 nats/token with every weight delivered,
-    7.7 moved; a sync that did not arrive is off by the whole move)."""
+    """The engine tests' criteria (``engine_probe.check_sync_round_trip``): an fp32 engine as they
+    state them; a bf16 engine with each state's log-prob bound widened to a tenth of how far the
+    change moved the trainer (``relative_tol``; every tensor it holds readably must still equal the
+    trainer's rounded to bf16, and on a GPU vLLM keeps every weight readable)."""
     import torch
-    from engine_probe import SAME_FUNCTION_NATS, check_sync_round_trip, differing_tensors, mean_gap
+    from engine_probe import check_sync_round_trip
 
-    if dtype == torch.float32:
-        gaps = check_sync_round_trip(states, references, expected, dtype=dtype)
-    else:
-        gaps = {"trainer_moved": mean_gap(references["changed"], references["before"])}
-        for key in ("before", "changed", "restored"):
-            bad = differing_tensors(states[key]["tensors"], expected[key], dtype)
-            assert bad == [], (key, bad[:20])
-            gaps[key] = mean_gap(states[key]["log_probs"], references[key])
-        tol = max(SAME_FUNCTION_NATS[dtype], 0.1 * gaps["trainer_moved"])
-        assert gaps["trainer_moved"] >= 10 * SAME_FUNCTION_NATS[dtype], gaps
-        assert max(gaps[k] for k in ("before", "changed", "restored")) <= tol, (tol, gaps)
-        gaps["round_trip"] = mean_gap(states["restored"]["log_probs"], states["before"]["log_probs"])
-        assert gaps["round_trip"] <= SAME_FUNCTION_NATS[dtype], gaps
+    gaps = check_sync_round_trip(states, references, expected, dtype=dtype,
+                                 relative_tol=0.0 if dtype == torch.float32 else 0.1)
     return {"engine_tensors_checked": len(states["changed"]["tensors"]),
             "gaps_nats_per_token": {k: float(f"{v:.3g}") for k, v in gaps.items()}}
 

@@ -153,20 +153,29 @@ def mean_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().mean())
 
 
-def check_sync_round_trip(states: dict, references: dict, expected: dict, dtype: torch.dtype) -> dict:
+def check_sync_round_trip(states: dict, references: dict, expected: dict, dtype: torch.dtype,
+                          relative_tol: float = 0.0) -> dict:
     """The three engine states of a sync test (``before``, ``changed`` after a known weight change
     and a sync, ``restored`` after the weights went back and another sync) against the trainer's
     tensors (``expected``, from :func:`expected_engine_tensors`: the LM head is the embedding where
     the trainer ties them, its own matrix where not) and fp32 log-probs in the same states.
+
+    ``relative_tol`` widens each state's log-prob bound to that fraction of how far the change moved
+    the trainer, where it is larger than the dtype's: a bf16 engine of a real-size model rounds its
+    way further from the fp32 trainer than the toy's (SmolLM2 perturbed: 0.33 nats/token with every
+    weight delivered, 7.7 moved, scripts/gpu_sync_check.py), while a sync that did not arrive stays
+    off by the whole move. The round trip (restored vs before, same engine) keeps the dtype's bound.
     Returns the gaps, for the test's log."""
     tol = SAME_FUNCTION_NATS[dtype]
     gaps = {"trainer_moved": mean_gap(references["changed"], references["before"])}
     assert gaps["trainer_moved"] >= CHANGE_FACTOR * tol, gaps  # the probe's change is large enough
     for key in ("before", "changed", "restored"):
-        assert differing_tensors(states[key]["tensors"], expected[key], dtype) == [], key
+        bad = differing_tensors(states[key]["tensors"], expected[key], dtype)
+        assert bad == [], (key, bad[:20])
         gaps[key] = mean_gap(states[key]["log_probs"], references[key])
     # the engine computes the trainer's function in each state: so the change arrived and went back
-    assert max(gaps[key] for key in ("before", "changed", "restored")) <= tol, gaps
+    state_tol = max(tol, relative_tol * gaps["trainer_moved"])
+    assert max(gaps[key] for key in ("before", "changed", "restored")) <= state_tol, (state_tol, gaps)
     gaps["round_trip"] = mean_gap(states["restored"]["log_probs"], states["before"]["log_probs"])
     assert gaps["round_trip"] <= tol, gaps
     return gaps

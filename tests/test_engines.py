@@ -204,19 +204,19 @@ def test_a_sync_that_misses_a_tensor_raises(vllm_engine, policy, monkeypatch):
     counts what each worker read and refuses a short sync (the GPU bug of 2026-11-27 dropped a
     random 10-20 % of the tensors from every sync and trained on unnoticed). A full sync after it
     is accepted again."""
-    import openrlhf_sgrpo.engine.vllm as vllm_module
+    import openrlhf_sgrpo.engine.weight_sync as weight_sync
 
     _, model, _ = policy
-    full = vllm_module.write_weights
+    full = weight_sync.write_weights
 
     def one_short(named, *args, **kwargs):
         return full(list(named)[:-1], *args, **kwargs)
 
-    monkeypatch.setattr(vllm_module, "write_weights", one_short)
+    monkeypatch.setattr(weight_sync, "write_weights", one_short)
     n = sum(1 for _ in model.named_parameters())
     with pytest.raises(RuntimeError, match=f"delivered {n - 1} of the model's {n} tensors"):
         vllm_engine.sync_weights(model)
-    monkeypatch.setattr(vllm_module, "write_weights", full)
+    monkeypatch.setattr(weight_sync, "write_weights", full)
     assert vllm_engine.sync_weights(model) == n
     assert leftover_files() == []
 

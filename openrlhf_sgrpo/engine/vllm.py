@@ -38,7 +38,7 @@ import uuid
 from typing import Any
 
 from openrlhf_sgrpo.engine.sampling import SamplingParams
-from openrlhf_sgrpo.engine.weight_sync import check_delivered, reload_worker_weights, write_weights
+from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, sync_via_file
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -176,17 +176,12 @@ class VLLMGenerationEngine:
         """Load ``model``'s parameters (Hugging Face names) into the engine; drop cached prefixes,
         whose KV was computed with the old weights. Returns the tensors loaded per worker; raises
         where a worker read fewer than the model has (``check_delivered``)."""
-        path = write_weights(model.named_parameters())
-        try:
-            async def reload():
-                counts = await self.llm.collective_rpc(reload_worker_weights, args=(str(path),))
-                await self.llm.reset_prefix_cache()
-                return counts
+        async def reload(path: str) -> list[int]:
+            counts = await self.llm.collective_rpc(reload_worker_weights, args=(path,))
+            await self.llm.reset_prefix_cache()
+            return counts
 
-            counts = self._call(reload())
-        finally:
-            path.unlink(missing_ok=True)
-        delivered = check_delivered(counts, model)
+        delivered = sync_via_file(model, lambda path: self._call(reload(path)))
         self.weight_syncs += 1
         return delivered
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -63,8 +63,6 @@ def write_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: 
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    finally:
-        held.clear()
     return path
 
 
@@ -79,6 +77,19 @@ def check_delivered(counts: list[int], model) -> int:
         raise RuntimeError(f"weight sync delivered {got} of the model's {expected} tensors to a vLLM worker; "
                            "the engine keeps stale weights for the rest")
     return got
+
+
+def sync_via_file(model, reload: Callable[[str], list[int]]) -> int:
+    """One sync, whoever the engines are: ``model``'s parameters into one file, ``reload(path)``
+    has every worker load it and returns how many tensors each read, the file goes, and a short
+    read raises (:func:`check_delivered`). The single-machine engine and the CPU cluster path both
+    sync through here, so neither can skip the check. Returns the tensors delivered per worker."""
+    path = write_weights(model.named_parameters())
+    try:
+        counts = reload(str(path))
+    finally:
+        path.unlink(missing_ok=True)
+    return check_delivered(counts, model)
 
 
 def _iter_file(path: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -54,14 +54,10 @@ def broadcast_to_engines_via_shm(model: Any, engines: list) -> int:
     where an engine read fewer tensors than the model has."""
     import ray
 
-    from openrlhf_sgrpo.engine.weight_sync import check_delivered, write_weights
+    from openrlhf_sgrpo.engine.weight_sync import sync_via_file
 
-    path = write_weights(model.named_parameters())
-    try:
-        counts = ray.get([engine.__ray_call__.remote(reload_in_rollout_actor, str(path)) for engine in engines])
-    finally:
-        path.unlink(missing_ok=True)
-    return check_delivered(counts, model)
+    return sync_via_file(model, lambda path: ray.get([engine.__ray_call__.remote(reload_in_rollout_actor, path)
+                                                       for engine in engines]))
 
 
 def _wrap_broadcast(broadcast):
