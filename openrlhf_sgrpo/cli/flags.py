@@ -60,6 +60,12 @@ def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
                    help="the policy's AdamW: deepspeed = DeepSpeed's FusedAdam (CPUAdam with --ds.adam_offload), "
                         "JIT-compiled with nvcc on first use (upstream's default); torch_fused = torch.optim.AdamW "
                         "(fused=True) through DeepSpeed's torch_adam setting: the same update, nothing to compile")
+    v = parser.add_argument_group("openrlhf-sgrpo: weight sync check")
+    v.add_argument("--sgrpo.verify_weight_sync", type=int, default=0, metavar="N",
+                   help="after a weight sync into vLLM, check by value that every engine holds the trainer's "
+                        "weights (exact per-tensor digests computed on each side; only integers cross Ray) and "
+                        "fail the run naming the tensors that differ. 0: off; N > 0: the first N syncs; "
+                        "-1: every sync. Needs --vllm.tensor_parallel_size 1 (a TP worker holds shards)")
     g.add_argument("--dry_run", action="store_true", default=False,
                    help="print the parsed, hierarchized config as JSON and exit (no Ray, no GPU)")
     for add, _ in _EXTENSIONS:
@@ -92,8 +98,30 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     if args.sgrpo.optimizer != DEFAULT_OPTIMIZER and args.actor.optim != "adam":
         errors.append(f"--sgrpo.optimizer {args.sgrpo.optimizer} picks the AdamW kernel; it does not apply to "
                       f"--actor.optim {args.actor.optim}")
+    errors.extend(_verify_weight_sync_errors(args))
     for _, validate in _EXTENSIONS:
         errors.extend(validate(args))
+    return errors
+
+
+def _verify_weight_sync_errors(args: SimpleNamespace) -> list[str]:
+    """``--sgrpo.verify_weight_sync`` compares whole tensors held by OpenRLHF's vLLM engines."""
+    n = args.sgrpo.verify_weight_sync
+    if n < -1:
+        return [f"--sgrpo.verify_weight_sync must be 0 (off), N > 0 (the first N syncs) or -1 (every sync), got {n}"]
+    if n == 0:
+        return []
+    errors = []
+    if args.vllm.tensor_parallel_size > 1:
+        errors.append(f"--sgrpo.verify_weight_sync {n} needs --vllm.tensor_parallel_size 1, got "
+                      f"{args.vllm.tensor_parallel_size}: each tensor-parallel worker holds a shard of each "
+                      f"weight, and the check compares whole tensors")
+    if not (args.vllm.num_engines or 0) >= 1:
+        errors.append(f"--sgrpo.verify_weight_sync {n} checks vLLM engines, and --vllm.num_engines is "
+                      f"{args.vllm.num_engines}: there is no engine to check")
+    if args.sgrpo.rollout_engine != "vllm":
+        errors.append(f"--sgrpo.verify_weight_sync {n} checks vLLM engines; --sgrpo.rollout_engine "
+                      f"{args.sgrpo.rollout_engine} has none")
     return errors
 
 

@@ -16,8 +16,9 @@ assignment, exactly like OpenRLHF's own classes.
   from its module's globals, so it points that name at ours, in that process, first.
 - ``PolicyModelActor``: wraps ``ActorPPOTrainer`` with SAPO in its own process (inert unless
   ``--algo.sapo.enable``) and with the CPU weight sync to vLLM (inert where CUDA exists,
-  :mod:`openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync`), and makes its DeepSpeed config carry
-  ``--sgrpo.optimizer`` (:mod:`openrlhf_sgrpo.openrlhf_ext.torch_adam`).
+  :mod:`openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync`) and the by-value check of the syncs
+  ``--sgrpo.verify_weight_sync`` selects (:mod:`openrlhf_sgrpo.openrlhf_ext.sync_verify`), and makes
+  its DeepSpeed config carry ``--sgrpo.optimizer`` (:mod:`openrlhf_sgrpo.openrlhf_ext.torch_adam`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from openrlhf.trainer.ray import ppo_actor
 from openrlhf_sgrpo.openrlhf_ext.cpu_weight_sync import install_cpu_weight_sync
 from openrlhf_sgrpo.openrlhf_ext.experience_maker import StratifiedExperienceMaker
 from openrlhf_sgrpo.openrlhf_ext.sapo_actor import install_sapo_patch
+from openrlhf_sgrpo.openrlhf_ext.sync_verify import install_sync_verify
 from openrlhf_sgrpo.openrlhf_ext.torch_adam import install_optimizer_choice
 
 
@@ -88,6 +90,7 @@ class SGRPOPolicyModelActorImpl(_plain(ppo_actor.PolicyModelActor)):
     def __init__(self, *args, **kwargs) -> None:
         install_sapo_patch()
         install_cpu_weight_sync()
+        install_sync_verify()  # after the CPU sync: it checks whichever sync path runs
         install_optimizer_choice()
         super().__init__(*args, **kwargs)
 
