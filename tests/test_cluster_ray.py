@@ -439,20 +439,78 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
     from openrlhf.trainer.ray.launcher import RayActorGroup
     from transformers import AutoConfig, AutoTokenizer
 
+    import copy
+
     ray = cluster
     tok = AutoTokenizer.from_pretrained(policy_dir)
     sequence = tok(QUESTIONS[0][0]).input_ids + tok(" <search> france </search>").input_ids
+    # --sgrpo.verify_weight_sync -1: every sync below is also checked by digest (a failed check raises)
+    checked = copy.deepcopy(args)
+    checked.sgrpo.verify_weight_sync = -1
+
+    def digest_checks(actor, args, policy_dir: str, engines) -> dict:
+        """In the policy actor: the digest check (openrlhf_ext/sync_verify.py) after a sync of a
+        known change, before any sync of it, and with one readable tensor changed and not synced."""
+        import tempfile
+
+        import torch.distributed as dist
+        from transformers import AutoModelForCausalLM
+
+        from openrlhf_sgrpo.openrlhf_ext.sync_verify import RESULT_ATTR, verify_trainer_sync
+
+        def refused() -> str:
+            try:
+                verify_trainer_sync(trainer, 0)
+            except RuntimeError as exc:
+                return str(exc)
+            return ""
+
+        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)
+        saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+        scramble_(model)
+        not_synced = refused()  # the engine still holds the fitted weights
+        trainer.broadcast_to_vllm()  # the change synced, and checked by the wrapper (the flag: every sync)
+        synced = getattr(trainer, RESULT_ATTR)
+        with torch.no_grad():
+            model.model.norm.weight.add_(0.5)  # a tensor the engine holds readably; not synced
+        norm_lost = refused()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(saved[name])
+        trainer.broadcast_to_vllm()  # the engine back on the fitted weights, checked again
+        restored = getattr(trainer, RESULT_ATTR)
+        dist.destroy_process_group()
+        return {"synced": [(e.equal, e.unreadable, e.differing) for e in synced.engines], "sync": synced.sync,
+                "restored_ok": restored.ok and restored.sync == 2, "seconds": [synced.seconds, restored.seconds],
+                "not_synced": not_synced, "norm_lost": norm_lost}
+
     group = RayActorGroup(1, 1, upstream_cli.PolicyModelActor, pg=None, num_gpus_per_actor=1)
     try:
-        (report,) = ray.get([a.__ray_call__.remote(_broadcast_round_trip, args, str(policy_dir), engines, sequence)
+        (report,) = ray.get([a.__ray_call__.remote(_broadcast_round_trip, checked, str(policy_dir), engines, sequence)
                              for a in group._actor_handlers])
+        (digests,) = ray.get([a.__ray_call__.remote(digest_checks, checked, str(policy_dir), engines)
+                              for a in group._actor_handlers])
     finally:
         for a in group._actor_handlers:
             ray.kill(a)
     print(f"broadcast round trip: {report}")
+    print(f"digest checks: {digests}")
     assert report["dtype"] == "torch.bfloat16"  # what the check covered: OpenRLHF's engine dtype,
     assert AutoConfig.from_pretrained(policy_dir).tie_word_embeddings  # and a tied LM head
     assert report["left"] == []
+    # the digest check passed on the synced change, over the engine's readable tensors (the CPU
+    # build repacks Linear weights: unreadable there), and again after the restore
+    ((equal, unreadable, differ),) = digests["synced"]
+    assert digests["sync"] == 1 and equal > 0 and differ == [] and digests["restored_ok"]
+    # it names what did not arrive: the scrambled embedding (and the tied head reading it) before
+    # the sync; the one changed norm after it, and nothing else
+    assert "weight sync 0 FAILED verification: engine 0: " in digests["not_synced"], digests["not_synced"]
+    assert "lm_head.weight (values differ)" in digests["not_synced"]
+    assert "model.embed_tokens.weight (values differ)" in digests["not_synced"]
+    assert digests["norm_lost"].endswith(f"engine 0: 1 of {equal} readable tensors differ: "
+                                         "model.norm.weight (values differ)"), digests["norm_lost"]
 
 
 @needs_vllm
