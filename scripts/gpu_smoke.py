@@ -15,7 +15,10 @@ prompt, the ``sgrpo/*`` monitors (and ``sapo/*``, ``calibadv/*`` for run B) and 
 ``timing/*`` for every step, then the per-step time split (``openrlhf_sgrpo.cli.step_times``:
 generation, the retriever wait measured where the smoke serves it, experience making, training,
 weight sync). The policy's optimizer is torch's fused AdamW (``--sgrpo.optimizer torch_fused``):
-no CUDA extension is compiled on the GPU machine.
+no CUDA extension is compiled on the GPU machine. With vLLM, every weight sync (OpenRLHF's CUDA IPC
+path) is checked by value (``--sgrpo.verify_weight_sync -1``): each run's output is kept in
+``OUT/run_{A,B}.log`` and the summary prints the ``[sgrpo] weight sync N verified`` lines; a failed
+check, or none at all, fails the smoke.
 Needs a CUDA machine with ``requirements-gpu.txt`` installed; docs/deploy.md records runs.
 
 ``--engine hf`` runs the same two runs with ``--sgrpo.rollout_engine hf`` (the project's HF engine
@@ -111,6 +114,9 @@ def cli_args(paths: dict[str, Path], out: Path, run: str, steps: int, agent_func
         args += ["--sgrpo.rollout_engine", "hf"]
     else:
         args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
+        # every sync into vLLM checked by value (openrlhf_ext/sync_verify.py): a tensor that did not
+        # arrive fails the run, naming it
+        args += ["--sgrpo.verify_weight_sync", "-1"]
     if engine == "hf" or not flash_attn_installed():  # no wheel for every CUDA torch
         args += ["--ds.attn_implementation", "sdpa"]
     return args
@@ -157,10 +163,40 @@ def print_time_split(tb_dir: Path, spans: list[tuple[float, float]], out: Path, 
     print(step_times.split_table(rows), flush=True)
 
 
-def run_cli(args: list[str], env: dict[str, str], dry_run: bool) -> int:
+def run_cli(args: list[str], env: dict[str, str], dry_run: bool, log: Path | None = None) -> int:
+    """The training run; with ``log``, its output (stdout and stderr, the Ray workers' forwarded
+    lines included) is also written there, for :func:`sync_check_verdict` to read."""
     cmd = [sys.executable, "-m", "openrlhf_sgrpo.cli.train_ppo_ray", *args, *(["--dry_run"] if dry_run else [])]
     print("[gpu_smoke]", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL if dry_run else None).returncode
+    if dry_run or log is None:
+        return subprocess.run(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL if dry_run else None).returncode
+    with open(log, "w") as sink, subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sink.write(line)
+        return proc.wait()
+
+
+def sync_check_verdict(log_text: str, run: str) -> int:
+    """The weight-sync checks a run logged (``--sgrpo.verify_weight_sync -1``), printed; 1 if one
+    failed or none ran (the check never reached the policy actor), else 0."""
+    from openrlhf_sgrpo.openrlhf_ext.sync_verify import LOG_PREFIX
+
+    # from the prefix on (Ray puts "(PolicyModelActor pid=...)" before a worker's lines), each once
+    # (a failure is in the worker's and the driver's traceback), in the order logged
+    lines = list(dict.fromkeys(line[line.index(LOG_PREFIX):].strip() for line in log_text.splitlines()
+                               if LOG_PREFIX in line))
+    verified = [line for line in lines if " verified: " in line]
+    failed = [line for line in lines if " FAILED verification" in line]
+    print(f"[gpu_smoke] run {run} weight syncs checked by value: {len(verified)} verified, {len(failed)} failed")
+    for line in failed + verified:
+        print(f"[gpu_smoke]   {line}")
+    if failed or not verified:
+        why = "a sync failed its check" if failed else "no sync was checked"
+        print(f"[gpu_smoke] run {run}: {why} (--sgrpo.verify_weight_sync -1)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,12 +234,17 @@ def main(argv: list[str] | None = None) -> int:
         for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
             spans.take()  # the retriever's warm-up and the previous run are not this run's
             flags = cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra
-            code = run_cli(flags, env, a.dry_run)
+            log = out / f"run_{run}.log"
+            code = run_cli(flags, env, a.dry_run, log)
+            checked = a.engine == "vllm" and not a.dry_run
+            sync_code = sync_check_verdict(log.read_text(errors="replace"), run) if checked else 0
             if code != 0:
                 print(f"[gpu_smoke] run {run} failed with exit code {code}", file=sys.stderr)
                 return code
             if a.dry_run:
                 continue
+            if sync_code != 0:
+                return sync_code
             print(f"[gpu_smoke] run {run} ({'stratified_grpo' if run == 'A' else '+ SAPO + CalibAdv'}):")
             check = ["--steps", str(a.steps)] + [x for key in required for x in ("--require", key)]
             code = tb_summary.main([str(out / f"tb_{run}"), *check])
