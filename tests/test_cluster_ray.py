@@ -434,7 +434,9 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
     engine: every readable engine tensor is the trainer's (rounded to bf16, OpenRLHF's engine
     dtype) and the engine's teacher-forced log-probs are the trainer's within bf16's tolerance,
     after the change and after the restore, tied LM head included; no file is left. Values and
-    tolerances, not greedy text: that flips on a near-tie when the processor's kernels change."""
+    tolerances, not greedy text: that flips on a near-tie when the processor's kernels change.
+    With ``--sgrpo.verify_weight_sync -1`` every one of these syncs also passes the digest check,
+    which names what did not arrive (before a sync; one tensor changed and not synced)."""
     import openrlhf.cli.train_ppo_ray as upstream_cli
     from openrlhf.trainer.ray.launcher import RayActorGroup
     from transformers import AutoConfig, AutoTokenizer
@@ -465,7 +467,8 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
                 return str(exc)
             return ""
 
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        if not dist.is_initialized():  # the round trip above ended its own group
+            dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)
         saved = {n: p.detach().clone() for n, p in model.named_parameters()}
