@@ -246,6 +246,38 @@ def mildly_changed(policy_dir):
     return model
 
 
+@pytest.fixture(scope="module")
+def fitted(policy_dir):
+    """The fitted policy as the trainer's CPU model, loaded once for the module. The option tests
+    below only read it: their training step runs with lr 0 (``cpu_training_step``)."""
+    return load_policy(policy_dir)
+
+
+@pytest.fixture(scope="module")
+def nearby(policy_dir):
+    """:func:`mildly_changed`, loaded once for the module (read only, as ``fitted``)."""
+    return mildly_changed(policy_dir)
+
+
+@pytest.fixture(scope="module")
+def batch_log_probs(batch, fitted, nearby) -> dict[str, list[torch.Tensor]]:
+    """The trainer's fp32 log-probs of every sample of ``batch`` under ``fitted`` and ``nearby``:
+    the reference values the KL tests compare OpenRLHF's numbers with. Each forward over the
+    152k-token vocabulary costs ~0.1 s a sample on 2 cores; computed once, not once per option."""
+    return {name: [policy_log_probs(model, s.sequences[0].tolist(), TEMPERATURE) for s in batch]
+            for name, model in (("fitted", fitted), ("nearby", nearby))}
+
+
+@pytest.fixture(scope="module")
+def stale_experiences(batch, option_args, tokenizer, nearby) -> list:
+    """``batch`` made into experience by a trainer whose weights moved since the engine sampled it
+    (``nearby``): an async-style stale batch. Made once for the IS-correction tests: OpenRLHF
+    0.11.2's ``make_experience`` reads none of the flags they vary (``--algo.advantage.is_correction_*``,
+    ``--actor.policy_loss_type``, ``--actor.loss_agg_mode``: they act in the policy loss), so each
+    test's own maker would build the same experiences."""
+    return make_maker(option_args(), tokenizer, actor=nearby).make_experience_batch(copy.deepcopy(batch))
+
+
 # ------------------------------------------------------------------------- experience helpers
 
 class CpuForwardGroup:
@@ -616,8 +648,8 @@ def test_partial_rollout_pause_between_tool_call_and_observation(cluster, args, 
     ("stratified_rloo", "k3", []), ("stratified_reinforce", "k1", []),
     ("stratified_reinforce", "k3", ["--algo.advantage.no_std_norm"]),
 ])
-def test_kl_in_the_reward_through_upstreams_make_experience(batch, option_args, tokenizer, policy_dir,
-                                                            estimator, kl_estimator, extra):
+def test_kl_in_the_reward_through_upstreams_make_experience(batch, option_args, tokenizer, fitted, nearby,
+                                                            batch_log_probs, estimator, kl_estimator, extra):
     """``--algo.kl.init_coef > 0`` without ``--algo.kl.use_loss`` (``--algo.kl.estimator k1|k2|k3``,
     ``--algo.kl.target``: adaptive coefficient): upstream's ``make_experience`` computes the per-token
     KL to the reference; our advantages are OpenRLHF's token returns of it: the stratified advantage
@@ -631,7 +663,7 @@ def test_kl_in_the_reward_through_upstreams_make_experience(batch, option_args, 
     coef = 0.05
     args = option_args("--algo.advantage.estimator", estimator, "--algo.kl.init_coef", str(coef),
                        "--algo.kl.estimator", kl_estimator, *extra)
-    actor, reference = load_policy(policy_dir), mildly_changed(policy_dir)
+    actor, reference = fitted, nearby
     kl_ctl = None
     if args.algo.kl.target:  # a coefficient the controller moved (as after a step), not the initial one
         kl_ctl = AdaptiveKLController(coef, args.algo.kl.target, args.algo.kl.horizon)
@@ -643,8 +675,7 @@ def test_kl_in_the_reward_through_upstreams_make_experience(batch, option_args, 
     want = expected_scalar(args, batch)
     rows, raw_token_adv, got_token_adv, masks = by_sample(experiences), [], [], []
     for i, (e, row) in rows.items():
-        seq = batch[i].sequences[0].tolist()
-        d = policy_log_probs(actor, seq, TEMPERATURE) - policy_log_probs(reference, seq, TEMPERATURE)
+        d = batch_log_probs["fitted"][i] - batch_log_probs["nearby"][i]
         kl = {"k1": d, "k2": d.pow(2) / 2, "k3": (-d.clamp(min=-10)).exp() - 1 + d.clamp(min=-10)}[kl_estimator]
         kl = kl.clamp(-10, 10)
         mask = action_columns(e, row)[: len(kl)]
@@ -704,14 +735,15 @@ def cpu_training_step(args, model, experiences, kl_coef: float = 0.0) -> tuple[d
 
 @needs_vllm
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_kl_loss_as_the_launch_scripts_set_it(batch, option_args, tokenizer, policy_dir, estimator):
+def test_kl_loss_as_the_launch_scripts_set_it(batch, option_args, tokenizer, fitted, nearby, batch_log_probs,
+                                              estimator):
     """``--algo.kl.use_loss --algo.kl.estimator k3 --algo.kl.init_coef 0.001`` (the paper scripts):
     the advantages carry no KL; the reference's log-probs ride to the actor, whose KL loss (k3 on
     action tokens only) is added to the policy loss and SAPO's term."""
     coef = 0.001
     args = option_args("--algo.advantage.estimator", estimator, "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
                        "--algo.kl.init_coef", str(coef))
-    actor, reference = load_policy(policy_dir), mildly_changed(policy_dir)
+    actor, reference = fitted, nearby
     experiences = make_maker(args, tokenizer, actor=actor, reference=reference).make_experience_batch(
         copy.deepcopy(batch))
     plain = experiences_of(make_maker(args, tokenizer), copy.deepcopy(batch))
@@ -721,9 +753,9 @@ def test_kl_loss_as_the_launch_scripts_set_it(batch, option_args, tokenizer, pol
         assert torch.allclose(e.advantages[row], p.advantages[prow], atol=1e-5)  # no KL in the advantages
         seq = batch[i].sequences[0].tolist()
         mask = action_columns(e, row)[: len(seq) - 1]
-        lp_ref = policy_log_probs(reference, seq, TEMPERATURE)
+        lp_ref = batch_log_probs["nearby"][i]
         assert torch.allclose(e.base_action_log_probs[row][: len(seq) - 1][mask], lp_ref[mask], atol=1e-4)
-        d = (policy_log_probs(actor, seq, TEMPERATURE) - lp_ref)[mask].clamp(min=-10)
+        d = (batch_log_probs["fitted"][i] - lp_ref)[mask].clamp(min=-10)
         k3_sum, tokens = k3_sum + float(((-d).exp() - 1 + d).clamp(-10, 10).sum()), tokens + int(mask.sum())
     metrics, loss = cpu_training_step(args, actor, experiences, kl_coef=coef)
     assert float(metrics["kl"]) == pytest.approx(k3_sum / tokens, rel=1e-3)
@@ -750,7 +782,7 @@ IS_CORRECTIONS = [
     (*IS_CORRECTIONS[2], ["--actor.policy_loss_type", "gspo"]),
     (*IS_CORRECTIONS[0], ["--actor.loss_agg_mode", "seq-mean-token-mean"]),
 ])
-def test_is_correction_on_a_stale_batch_reads_action_tokens_only(batch, option_args, tokenizer, policy_dir,
+def test_is_correction_on_a_stale_batch_reads_action_tokens_only(option_args, nearby, stale_experiences,
                                                                  level, mode, gating, threshold, loss_flags):
     """``--algo.advantage.is_correction_level/mode/gating/threshold`` on an async-style stale batch:
     sampled by the engine with the fitted weights, turned into experience by a trainer whose weights
@@ -760,8 +792,7 @@ def test_is_correction_on_a_stale_batch_reads_action_tokens_only(batch, option_a
     args = option_args("--algo.advantage.is_correction_level", level, "--algo.advantage.is_correction_mode", mode,
                        "--algo.advantage.is_correction_gating", gating,
                        "--algo.advantage.is_correction_threshold", *threshold, *loss_flags)
-    trainer_weights = mildly_changed(policy_dir)
-    experiences = make_maker(args, tokenizer, actor=trainer_weights).make_experience_batch(copy.deepcopy(batch))
+    trainer_weights, experiences = nearby, copy.deepcopy(stale_experiences)
     metrics, loss = cpu_training_step(args, trainer_weights, experiences)
     gap = torch.cat([(e.rollout_log_probs - e.action_log_probs)[e.action_mask.bool()] for e in experiences])
     assert float(gap.abs().mean()) > 1e-2  # the batch is stale: the correction has work to do
