@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-6, help="actor learning rate")
     p.add_argument("--sapo-ratio-threshold", type=float, default=None,
                    help="run B's SAPO ratio threshold (default: SAPO's); near 1 makes the penalty fire in a short run")
+    p.add_argument("--runs", default="AB", choices=("AB", "A", "B"),
+                   help="which runs: both (default), or one where the device time must also hold the study")
     p.add_argument("extra", nargs=argparse.REMAINDER,
                    help="after --: more train_ppo_ray flags for both runs (e.g. -- --vllm.enforce_eager)")
     a = p.parse_args(argv)
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     with smoke_services(cached_index_for(paths["corpus"]), not (a.dry_run or a.no_sandbox), spans) as urls:
         config = agent_config(out, *urls, a.template)
         env = {**os.environ, CONFIG_ENV: str(config)}
-        for run, required in (("A", REQUIRED_A), ("B", REQUIRED_B)):
+        for run, required in [(r, q) for r, q in (("A", REQUIRED_A), ("B", REQUIRED_B)) if r in a.runs]:
             spans.take()  # the retriever's warm-up and the previous run are not this run's
             flags = cli_args(paths, out, run, a.steps, agent_file, a.engine, a.lr, a.sapo_ratio_threshold) + extra
             log = out / f"run_{run}.log"

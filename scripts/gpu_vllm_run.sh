@@ -13,6 +13,7 @@
 # the first piece call starts the machine and writes /tmp/vp/t0; every milestone below is printed
 # as seconds since then ("T+"), so the log shows whether the first training step began within
 # 4 minutes of the machine's start and the sequence ended inside 12 of the 15 device minutes.
+# SMOKE_RUNS: AB (default), A or B (one run leaves minutes for the study).
 # SMOKE_EXTRA: more train_ppo_ray flags for both runs (default --vllm.enforce_eager; set it empty
 # for CUDA graphs). The CPU rehearsal (scripts/gpu_rehearsal.sh) runs this script too, with
 # SITE_ROOT/VP_DIR in its own folder, SMOKE_FLAGS=--dry-run and a CPU study.
@@ -61,7 +62,7 @@ if [ "${SMOKE:-1}" = 1 ]; then
   read -r -a smoke_extra <<< "${SMOKE_EXTRA---vllm.enforce_eager}"
   mark "smoke: $steps steps per run, up to $smoke_s s, extra flags: ${smoke_extra[*]:-none}"
   read -r -a smoke_flags <<< "${SMOKE_FLAGS:-}"
-  timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --no-sandbox --out "$root/gpu_smoke" \
+  timeout "$smoke_s" python3 scripts/gpu_smoke.py --engine vllm --steps "$steps" --runs "${SMOKE_RUNS:-AB}" --no-sandbox --out "$root/gpu_smoke" \
     "${smoke_flags[@]}" -- "${smoke_extra[@]}" > "$OUT/smoke.log" 2>&1
   smoke_rc=$?
   mark "smoke exit $smoke_rc"
