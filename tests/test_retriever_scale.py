@@ -23,7 +23,6 @@ from retriever_server.build_index import build_index
 from retriever_server.flat_file import DATA_OFFSET, FlatFileError, FlatIPWriter, open_flat_ip
 from retriever_server.faiss_index import read_index
 from retriever_server.ivf_stream import IVFDATA_FILE, WORK_DIR, ConversionError, StreamingIVFBuilder, StreamSettings
-from retriever_server.native_heap import proc_status_mb
 from retriever_server.retriever import IndexMismatch, Retriever
 from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
 
@@ -31,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = 12_000
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("retriever_scale", ROOT / "bench" / "retriever_scale.py")
+def _bench(name: str = "retriever_scale"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -135,51 +134,13 @@ def test_conversion_resumes_after_a_crash_and_is_never_served_half_done(search_r
     assert mem["index_mapped_mb"] > 0 and mem["rss_anon_mb"] > 0
 
 
-class _RandomRows:
-    """Cluster-free random unit rows, generated per read (no array of all rows in RAM)."""
-
-    def __init__(self, ntotal: int, dim: int) -> None:
-        self.ntotal, self.dim = ntotal, dim
-
-    def identity(self) -> dict[str, object]:
-        return {"source": "random", "ntotal": self.ntotal, "dim": self.dim}
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        x = np.random.default_rng(start).standard_normal((stop - start, self.dim)).astype(np.float32)
-        return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def _rss_rise_mb(fn) -> float:
-    """How far the process's peak RSS (VmHWM, what the conversion's budget is about) rises above
-    its RSS while ``fn`` runs; writing 5 to clear_refs resets the peak to the current RSS."""
-    Path("/proc/self/clear_refs").write_text("5")
-    before = proc_status_mb({"VmRSS:": "rss"})["rss"]
-    fn()
-    return proc_status_mb({"VmHWM:": "hwm"})["hwm"] - before
-
-
-def _faiss_merge(builder: StreamingIVFBuilder, trained, out: Path) -> None:
-    """FAISS's own merge of the same blocks (what ivf_stream did before): the reference."""
-    blocks = [faiss.read_index(str(builder._block(i)), faiss.IO_FLAG_MMAP) for i in range(builder.n_chunks)]
-    vec = faiss.InvertedListsPtrVector()
-    for b in blocks:
-        vec.push_back(faiss.extract_index_ivf(b).invlists)
-    index = faiss.clone_index(trained)
-    ivf = faiss.extract_index_ivf(index)
-    il = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(out / IVFDATA_FILE))
-    index.ntotal = ivf.ntotal = il.merge_from_multiple(vec.data(), vec.size(), False, False)
-    ivf.replace_invlists(il, True)
-    il.this.disown()
-    faiss.write_index(index, str(out / "index.faiss"))
-    del index, blocks, vec
-
-
 def test_merge_writes_faiss_layout_with_bounded_memory(tmp_path, capfd):
     """The pwrite merge gives the file FAISS's merge_from_multiple gives (same bytes, same search
     answers through the server's reader), and its peak RSS does not grow with the file: FAISS's
     merge maps its output and the blocks, so its peak rises by about the bytes merged."""
+    merge_bench = _bench("ivf_merge")  # FAISS's merge as the reference, the random rows, the RSS probe
     rows, dim = 300_000, 192  # coarse lists in a PCA space, as the defaults at 768-d
-    src = _RandomRows(rows, dim)
+    src = merge_bench.RandomRows(rows, dim)
     settings = StreamSettings("ivf_sq8", nlist=64, chunk_rows=40_000, coarse_dim=32, kmeans_iters=4)
     ours, ref = tmp_path / "ours", tmp_path / "ref"
     ref.mkdir()
@@ -189,8 +150,8 @@ def test_merge_writes_faiss_layout_with_bounded_memory(tmp_path, capfd):
     trained = b.train()
     b.add(trained)
     merged_mb = rows * (dim + 8) / 2**20  # 57 MB of lists
-    ref_rise = _rss_rise_mb(lambda: _faiss_merge(b, trained, ref))
-    our_rise = _rss_rise_mb(lambda: b.merge(trained))
+    ref_rise = merge_bench.rss_rise_mb(lambda: merge_bench.faiss_merge(b, trained, ref))
+    our_rise = merge_bench.rss_rise_mb(lambda: b.merge(trained))
     print(f"merge peak RSS rise: FAISS {ref_rise:.1f} MB, ours {our_rise:.1f} MB, lists {merged_mb:.1f} MB")
     assert ref_rise > 0.8 * merged_mb, (ref_rise, merged_mb)  # the measure sees mapped pages
     assert our_rise < 0.3 * merged_mb, (our_rise, merged_mb)  # one 7.6 MB block buffer + headers
