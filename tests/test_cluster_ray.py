@@ -21,6 +21,7 @@ The HF engine (``--sgrpo.rollout_engine hf``) is the fallback, tested in ``test_
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -440,8 +441,6 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
     import openrlhf.cli.train_ppo_ray as upstream_cli
     from openrlhf.trainer.ray.launcher import RayActorGroup
     from transformers import AutoConfig, AutoTokenizer
-
-    import copy
 
     ray = cluster
     tok = AutoTokenizer.from_pretrained(policy_dir)

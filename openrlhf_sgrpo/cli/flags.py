@@ -116,7 +116,7 @@ def _verify_weight_sync_errors(args: SimpleNamespace) -> list[str]:
         errors.append(f"--sgrpo.verify_weight_sync {n} needs --vllm.tensor_parallel_size 1, got "
                       f"{args.vllm.tensor_parallel_size}: each tensor-parallel worker holds a shard of each "
                       f"weight, and the check compares whole tensors")
-    if not (args.vllm.num_engines or 0) >= 1:
+    if (args.vllm.num_engines or 0) < 1:
         errors.append(f"--sgrpo.verify_weight_sync {n} checks vLLM engines, and --vllm.num_engines is "
                       f"{args.vllm.num_engines}: there is no engine to check")
     if args.sgrpo.rollout_engine != "vllm":

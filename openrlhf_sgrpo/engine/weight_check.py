@@ -148,6 +148,17 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
+def engine_parameters(model) -> list[tuple[str, torch.Tensor]]:
+    """A vLLM model's parameters under its own names, the LM head included as ``lm_head.weight``
+    where it is tied to the embedding (``named_parameters`` lists a shared parameter once, under
+    the embedding's name, but vLLM's CPU build computes the head from a packed copy of its own)."""
+    named = list(model.named_parameters())
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if isinstance(head, torch.Tensor) and "lm_head.weight" not in dict(named):
+        named.append(("lm_head.weight", head))
+    return named
+
+
 def worker_weight_digests(worker) -> dict:
     """Inside a vLLM worker (``collective_rpc`` passes the worker first): every parameter's
     ``(shape, dtype, digest)`` under vLLM's names, computed on the worker's device, plus the model
@@ -155,14 +166,9 @@ def worker_weight_digests(worker) -> dict:
     their parameters empty: those are listed as unreadable. The LM head is read as
     ``lm_head.weight`` even where it is tied to the embedding (``named_parameters`` lists a shared
     parameter once, under the embedding's name)."""
-    model = worker.get_model()
-    named = list(model.named_parameters())
-    head = getattr(getattr(model, "lm_head", None), "weight", None)
-    if isinstance(head, torch.Tensor) and "lm_head.weight" not in dict(named):
-        named.append(("lm_head.weight", head))
     tensors, unreadable = {}, []
     with torch.no_grad():
-        for name, param in named:
+        for name, param in engine_parameters(worker.get_model()):
             if param.numel() == 0:
                 unreadable.append(name)
                 continue

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from openrlhf_sgrpo.engine.weight_check import engine_parameters
+
 SHM = Path("/dev/shm")
 FILE_PREFIX = "sgrpo-weights-"
 
@@ -160,9 +162,4 @@ def read_worker_weights(worker) -> dict[str, torch.Tensor]:
     sync delivered. vLLM's CPU build repacks Linear weights for its GEMM kernels and leaves their
     parameters empty, so those are absent here; the LM head is read as ``lm_head.weight`` even where
     it is tied to the embedding (it is a module of its own, which ``named_parameters`` dedupes)."""
-    model = worker.get_model()
-    tensors = {name: p.detach().to("cpu").clone() for name, p in model.named_parameters() if p.numel() > 0}
-    head = getattr(getattr(model, "lm_head", None), "weight", None)
-    if isinstance(head, torch.Tensor) and head.numel() > 0:
-        tensors["lm_head.weight"] = head.detach().to("cpu").clone()
-    return tensors
+    return {name: p.detach().to("cpu").clone() for name, p in engine_parameters(worker.get_model()) if p.numel() > 0}
