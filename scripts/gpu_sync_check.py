@@ -9,8 +9,8 @@ path once left a random 10-20 % of the tensors out of every sync (2026-11-27, H1
 which no CPU test could see: the CPU suite's trainer keeps its weights on the CPU. This script puts
 the trainer on CUDA where there is one and runs the same check as ``tests/test_engines.py``
 (``tests/engine_probe.py``): every readable engine tensor equals the trainer's in the engine's
-dtype, and the engine's teacher-forced log-probs are the trainer's within the stated tolerance
-before, after a known change to every tensor (``perturb_``) and after the restore. Needs no
+dtype, and the engine's teacher-forced log-probs are the trainer's within a tenth of the change's
+move (``judge``) before, after a known change to every tensor (``perturb_``) and after the restore. Needs no
 pytest (the GPU image has none). Exit status 0 when every dtype passes; the gaps are printed and written as
 JSON. ``scripts/gpu_vllm_run.sh`` runs it on the lent GPU machine (``SYNC_CHECK=1``, the default).
 """
@@ -44,15 +44,20 @@ def perturb_(model, scale: float = 0.3) -> None:
 
 
 def judge(states: dict, references: dict, expected: dict, dtype) -> dict:
-    """The engine tests' criteria (``engine_probe.check_sync_round_trip``): an fp32 engine as they
-    state them; a bf16 engine with each state's log-prob bound widened to a tenth of how far the
-    change moved the trainer (``relative_tol``; every tensor it holds readably must still equal the
-    trainer's rounded to bf16, and on a GPU vLLM keeps every weight readable)."""
-    import torch
+    """The engine tests' criteria (``engine_probe.check_sync_round_trip``), with each state's
+    log-prob bound widened to a tenth of how far the change moved the trainer (``relative_tol``)
+    for both dtypes. The exact tensor check carries the claim: every tensor the engine holds (on a
+    GPU vLLM keeps them all readable) equals the trainer's in the engine's dtype, in all three
+    states, and the round trip (restored vs before, same engine) keeps the dtype's own bound. The
+    log-probs only show that the engine computes with what it holds, and a sync that did not arrive
+    stays off by the whole move. Why fp32 is widened too: on the H200 (2026-11-27) an fp32 vLLM
+    engine was 0.0025 nats/token off the fp32 trainer *before any sync* (the same checkpoint,
+    different CUDA kernels) and 0.027 in the changed state, with all 183 tensors equal in every
+    state and the round trip 0.0; the CPU's 1e-3 bound is a property of the CPU's kernels. The
+    engine tests on the CPU keep it."""
     from engine_probe import check_sync_round_trip
 
-    gaps = check_sync_round_trip(states, references, expected, dtype=dtype,
-                                 relative_tol=0.0 if dtype == torch.float32 else 0.1)
+    gaps = check_sync_round_trip(states, references, expected, dtype=dtype, relative_tol=0.1)
     return {"engine_tensors_checked": len(states["changed"]["tensors"]),
             "gaps_nats_per_token": {k: float(f"{v:.3g}") for k, v in gaps.items()}}
 

@@ -5,7 +5,8 @@
 # SAPO + CalibAdv, each SMOKE_STEPS steps, every step and monitor read back from TensorBoard, and
 # the per-step time split; SMOKE=0 skips it), then with the time left the GRPO vs Stratified GRPO study
 # (examples/study/sgrpo_vs_grpo.py; $STUDY_ARGS). Before all that (SYNC_CHECK=1, the default), our
-# engine's weight sync is checked by value on the GPU. The engine bench runs only with BENCH=1.
+# engine's weight sync is checked by value on the GPU (SYNC_DTYPES, default "bfloat16 float32"). The
+# engine bench runs only with BENCH=1.
 # Logs, the time split and the study's files go to $OUT (at most 8 files come back: keep it so).
 #
 # Usage (on the device, repo root): bash scripts/gpu_vllm_run.sh SECONDS [SMOKE_STEPS]
@@ -50,7 +51,7 @@ EOF
 # bug dropped part of every sync until 2026-11-27): SmolLM2, bf16 and fp32 engines, ~1-2 min
 if [ "${SYNC_CHECK:-1}" = 1 ]; then
   mark "sync check (scripts/gpu_sync_check.py)"
-  timeout "$(( $(left) / 3 ))" python3 scripts/gpu_sync_check.py --dtypes bfloat16 float32 --json "$OUT/sync_check.json" \
+  timeout "$(( $(left) / 3 ))" python3 scripts/gpu_sync_check.py --dtypes ${SYNC_DTYPES:-bfloat16 float32} --json "$OUT/sync_check.json" \
     > "$OUT/sync_check.log" 2>&1
   mark "sync check exit $?"; grep "^\[gpu_sync_check\]" "$OUT/sync_check.log"
 fi

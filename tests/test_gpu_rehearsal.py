@@ -204,3 +204,38 @@ def test_the_gpu_sync_check_passes_here(tmp_path):
     (result,) = json.loads(out.read_text())
     assert result["trainer_device"] == "cpu" and result["engine_tensors_checked"] > 0
     assert result["gaps_nats_per_token"]["changed"] <= 1e-3 < result["gaps_nats_per_token"]["trainer_moved"]
+
+
+def _round_trip_states(gaps: dict[str, float], stale: str | None = None) -> tuple[dict, dict, dict]:
+    """Engine states whose tensors equal the trainer's and whose log-probs sit ``gaps[state]``
+    nats/token off the trainer's (7.7 moved, as SmolLM2's change on the H200); ``stale`` names a
+    state whose sync did not arrive (its tensors and log-probs are the previous state's)."""
+    torch.manual_seed(0)
+    before, changed = torch.randn(64), torch.randn(64)
+    changed = before + 7.7 * torch.sign(changed)
+    references = {"before": before, "changed": changed, "restored": before.clone()}
+    weights = {"before": torch.ones(4), "changed": torch.full((4,), 2.0), "restored": torch.ones(4)}
+    expected = {key: {"w": w} for key, w in weights.items()}
+    states = {key: {"tensors": {"w": weights[key].clone()}, "log_probs": references[key] + gaps[key]}
+              for key in references}
+    if stale is not None:
+        previous = {"changed": "before", "restored": "changed"}[stale]
+        states[stale] = {key: (dict(v) if isinstance(v, dict) else v.clone())
+                         for key, v in states[previous].items()}
+    return states, references, expected
+
+
+def test_the_gpu_sync_check_judge_takes_the_gpus_fp32_gaps_and_refuses_a_stale_sync():
+    """The judge of scripts/gpu_sync_check.py on the gaps the H200 gave an fp32 vLLM engine with
+    every tensor equal (0.0025 nats/token before any sync, 0.027 changed: CUDA's kernels, not the
+    sync; the CPU's 1e-3 bound failed them), and on a sync that did not arrive: its tensors are
+    named, whichever state it was."""
+    import gpu_sync_check
+
+    h200_fp32 = {"before": 0.00255, "changed": 0.0275, "restored": 0.00255}
+    result = gpu_sync_check.judge(*_round_trip_states(h200_fp32), dtype=torch.float32)
+    assert result["engine_tensors_checked"] == 1
+    assert result["gaps_nats_per_token"]["round_trip"] == 0.0
+    for stale in ("changed", "restored"):
+        with pytest.raises(AssertionError, match=stale):
+            gpu_sync_check.judge(*_round_trip_states(h200_fp32, stale=stale), dtype=torch.float32)
