@@ -177,7 +177,9 @@ def scripted_run(run_dir: str | Path, tokenizer) -> dict[str, list[dict]]:
             logger.log(step, {"reward": float(adv.rewards.mean()), "em": _mean(samples, "em"),
                               "tool_calls": _mean(samples, "tool_calls"), **adv.metrics})
         eval_groups = []
-        for p in EVAL:  # one greedy trajectory per question, appended as each finishes
+        # one greedy trajectory per question, appended as each finishes: the one-turn question first,
+        # so the file's order (finishing order) is not the order the inspector shows (by group)
+        for p in reversed(EVAL):
             (sample,) = [tensorize_response(r, MAX_LEN) for r in execute(cfg, tokenizer, [p])]
             (group,) = records_from_samples([sample], tokenizer, 1, phase="eval", step=len(STEPS),
                                             prompt_ids=[p.qid], dataset="scripted")

@@ -82,6 +82,35 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     check_inspector_output(out, text, train_steps=[1, 2, 3])
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_descendants_survive_a_process_ending_while_they_are_read(monkeypatch):
+    """The memory sampler's walk of the process tree finds a live child, and a process that ends
+    between being listed and being read (its /proc/<pid>/task gone) counts as childless instead of
+    ending the sampler thread (seen in CI: the demo's memory columns stopped mid-run)."""
+    import os
+    import subprocess
+    import sys
+
+    from openrlhf_sgrpo.demo import memory
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child.pid in memory.descendants(os.getpid())
+        real_listdir = os.listdir
+
+        def ended(path):
+            if path == f"/proc/{child.pid}/task":
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return real_listdir(path)
+
+        monkeypatch.setattr(memory.os, "listdir", ended)
+        assert child.pid in memory.descendants(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert memory.descendants(child.pid) == []  # reaped: no /proc entry at all
+
+
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc smaps_rollup")
 def test_stage_memory_counts_child_processes_in_rss_and_pss():
     """A child holding 256 MiB of its own pages shows in both sums and not in the demo process's

@@ -33,13 +33,20 @@ _MB = 1 << 20
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from the kernel's per-thread ``children`` lists)."""
+    """Every process below ``pid`` (from the kernel's per-thread ``children`` lists). A process
+    or thread that ends while it is read has no children: the sampler thread calls this while
+    the run starts and reaps processes, and an exception here once ended that thread mid-run
+    (``/proc/<pid>/task`` gone between the directory check and its listing)."""
     out, todo = [], [pid]
     while todo:
         parent = todo.pop()
-        for tasks in Path(f"/proc/{parent}/task").glob("*/children"):
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in threads:
             try:
-                kids = [int(k) for k in tasks.read_text().split()]
+                kids = [int(k) for k in Path(f"/proc/{parent}/task/{tid}/children").read_text().split()]
             except (OSError, ValueError):
                 continue
             out += kids
