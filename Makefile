@@ -5,6 +5,11 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The suite runs in this many pytest-xdist workers, each taking whole test files (--dist loadfile:
+# a module's engine, Ray cluster and services are started once, by one worker). On 2 cores, 2
+# workers took the suite from 25:47 to 18:02 (a third of the CPU sat idle in service start-ups,
+# Docker builds and fault waits). 0 runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: install system-deps test test-fast demo bench clean-venv
 
@@ -31,10 +36,10 @@ system-deps:
 	  else echo "note: install$$missing (apt-get install$$missing) for the local sandbox backend"; fi; fi
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not docker" $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m openrlhf_sgrpo.demo $(DEMO_ARGS)

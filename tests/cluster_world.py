@@ -28,6 +28,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 from engine_probe import policy_log_probs, scramble_  # noqa: F401 - the tests import them from here
+from shm_check import shm_files
 from fitted_policy import fitted_policy_dir
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
@@ -64,10 +65,6 @@ def ray_module(*test_modules: ModuleType):
     for module in (sys.modules[__name__], engine_probe, *test_modules):
         cloudpickle.register_pickle_by_value(module)
     return ray
-
-
-def shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 # ---------------------------------------------------------------------------------- fixtures

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 from openrlhf_sgrpo import assets
@@ -53,12 +52,5 @@ def fitted_policy_dir() -> Path:
     model, tok = assets.tiny_qwen2(seed=0)
     loss = format_warmup(model, tok, [], steps=STEPS, pairs=action_pairs(tok), batch_size=8)
     assert loss < MAX_LOSS, f"the tiny policy did not fit its actions (loss {loss:.3f})"
-    tmp = folder.with_name(folder.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process published it first
-        shutil.rmtree(tmp, ignore_errors=True)
+    assets.publish_folder(lambda tmp: (model.save_pretrained(tmp), tok.save_pretrained(tmp)), folder)
     return folder

@@ -43,11 +43,11 @@ from cluster_world import (
     needs_vllm,
     sample_record,
     scramble_,
-    shm_files,
     trainer_kwargs,
 )
 from engine_probe import check_sync_round_trip, state_in_rollout_actor, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
+from shm_check import left_behind
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
 # workdir, policy_dir, services, agent_func_path, cluster, engines, shm_before_engines: this
@@ -57,7 +57,6 @@ pytest_plugins = ("cluster_world",)
 from cluster_world import ALPHA, MAX_LEN, MAX_TURNS, N, TEMPERATURE, TOKENS_PER_TURN  # noqa: E402
 
 # the shared helpers under the names this module's tests use
-_shm_files = shm_files
 _trainer_kwargs = trainer_kwargs
 _cpu_actor_trainer = cpu_actor_trainer
 _sample_record = sample_record
@@ -522,6 +521,6 @@ def test_engines_shut_down_without_shared_memory_leftovers(cluster, engines, shm
 
     assert shutdown_engines(engines) == len(engines)
     deadline = time.monotonic() + 60
-    while _shm_files() - shm_before_engines and time.monotonic() < deadline:
+    while left_behind(shm_before_engines) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _shm_files() - shm_before_engines == set()
+    assert left_behind(shm_before_engines) == set()

@@ -18,6 +18,7 @@ import torch
 from cluster_world import scramble_
 from engine_probe import check_sync_round_trip, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
+from shm_check import left_behind, shm_files
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_env import info_keys as K
@@ -43,10 +44,6 @@ ARGMAX_SLACK = 1e-3
 HEAD_GAIN = 20.0  # the untied random model's head scale: the scramble then moves ~25 nats/token
 
 
-def _shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 @pytest.fixture(scope="module")
 def policy():
     folder = fitted_policy_dir()
@@ -56,7 +53,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def shm_before() -> set[str]:
-    return _shm()
+    return shm_files()
 
 
 @pytest.fixture(scope="module")
@@ -269,9 +266,9 @@ def test_close_leaves_no_shared_memory_behind(vllm_engine, shm_before):
 
     vllm_engine.close()
     deadline = time.monotonic() + 60
-    while _shm() - shm_before and time.monotonic() < deadline:
+    while left_behind(shm_before) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _shm() - shm_before == set()
+    assert left_behind(shm_before) == set()
 
 
 def test_eval_cli_runs_on_vllm(tmp_path, capsys, policy):

@@ -13,7 +13,7 @@ import json
 import random
 from pathlib import Path
 
-from openrlhf_sgrpo.assets import cache_dir
+from openrlhf_sgrpo.assets import cache_dir, part_path
 from retriever_server.corpora import make_contents
 
 
@@ -36,7 +36,7 @@ def write_corpus(extracts: dict[str, str], evidence_titles: set[str], n_distract
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"corpus_{digest}.jsonl"
     if not path.exists():
-        tmp = path.with_suffix(".part")
+        tmp = part_path(path)
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     return path

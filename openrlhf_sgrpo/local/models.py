@@ -8,7 +8,6 @@ load in about a second.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import torch
@@ -37,10 +36,7 @@ def _smollm2():
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = plain.with_name(plain.name + ".part")
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        tmp.rename(plain)
+        assets.publish_folder(lambda tmp: (model.save_pretrained(str(tmp)), tok.save_pretrained(str(tmp))), plain)
     except OSError as err:
         log.warning("could not cache a plain SmolLM2 copy: %s", err)
     return model, tok
@@ -94,9 +90,5 @@ def policy_folder(spec: str) -> Path:
     if not (folder / "config.json").exists():
         model, tok = load_policy(spec)  # SmolLM2's first load writes its plain copy itself
     if not (folder / "config.json").exists():
-        tmp = folder.with_name(folder.name + ".part")
-        shutil.rmtree(tmp, ignore_errors=True)  # a save cut short last time
-        model.save_pretrained(str(tmp))
-        tok.save_pretrained(str(tmp))
-        tmp.rename(folder)
+        assets.publish_folder(lambda tmp: (model.save_pretrained(str(tmp)), tok.save_pretrained(str(tmp))), folder)
     return folder

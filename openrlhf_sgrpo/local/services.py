@@ -43,6 +43,7 @@ def cached_index_for(corpus_jsonl: str | Path, model: str | Path | None = None, 
     """Index a corpus once, in the asset cache (never beside the data), keyed by the corpus'
     content *and* the encoder: two checkouts (two venvs, two MiniLM paths) sharing one cache
     must not find each other's builds under the same name."""
+    import fcntl
     import hashlib
 
     from openrlhf_sgrpo.assets import cache_dir, minilm_dir
@@ -50,7 +51,13 @@ def cached_index_for(corpus_jsonl: str | Path, model: str | Path | None = None, 
 
     model = str(Path(model).resolve()) if model and Path(model).exists() else str(model or minilm_dir())
     key = f"{file_sha256(corpus_jsonl)[:16]}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
-    return ensure_index(corpus_jsonl, cache_dir() / "indexes" / key, model=model, progress=progress)
+    index_dir = cache_dir() / "indexes" / key
+    index_dir.parent.mkdir(parents=True, exist_ok=True)
+    # one builder per entry: a second process (another run, another test worker) waits, then
+    # reuses the finished index instead of writing the same files beside the first
+    with open(index_dir.with_name(key + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_index(corpus_jsonl, index_dir, model=model, progress=progress)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,54 @@
+"""What a test's own processes left in /dev/shm, with other processes at work beside it.
+
+The engine tests check that a clean shutdown leaves /dev/shm as it found it. With the suite split
+over workers (``make test`` runs two), another worker's vLLM engine or Ray store may create and
+hold files there meanwhile: a new file that a live process outside this test's process tree maps
+or holds open is that process's, not a leftover of ours."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SHM = Path("/dev/shm")
+
+
+def shm_files() -> set[str]:
+    return set(os.listdir(SHM)) if SHM.is_dir() else set()
+
+
+def _held_by(pid: str) -> set[str]:
+    """Names in /dev/shm that process ``pid`` maps or has open (none if it ended meanwhile)."""
+    held = set()
+    prefix = f"{SHM}/"
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            for line in fh:
+                at = line.find(prefix)
+                if at >= 0:
+                    held.add(line[at + len(prefix):].split(" (deleted)")[0].strip())
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith(prefix):
+                held.add(target[len(prefix):])
+    except OSError:
+        pass
+    return held
+
+
+def held_by_others() -> set[str]:
+    """/dev/shm names held by live processes outside this process and its descendants."""
+    from openrlhf_sgrpo.demo.memory import descendants
+
+    ours = {str(os.getpid()), *(str(p) for p in descendants(os.getpid()))}
+    held = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid not in ours:
+            held |= _held_by(pid)
+    return held
+
+
+def left_behind(before: set[str]) -> set[str]:
+    """Files in /dev/shm now that were not there ``before`` and that no other process holds."""
+    new = shm_files() - before
+    return new - held_by_others() if new else new
