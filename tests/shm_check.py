@@ -36,11 +36,13 @@ def _held_by(pid: str) -> set[str]:
     return held
 
 
-def held_by_others() -> set[str]:
-    """/dev/shm names held by live processes outside this process and its descendants."""
+def held_by_others(root: int | None = None) -> set[str]:
+    """/dev/shm names held by live processes outside ``root`` (default: this process) and its
+    descendants."""
     from openrlhf_sgrpo.demo.memory import descendants
 
-    ours = {str(os.getpid()), *(str(p) for p in descendants(os.getpid()))}
+    root = os.getpid() if root is None else root
+    ours = {str(root), *(str(p) for p in descendants(root))}
     held = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit() and pid not in ours:
@@ -48,7 +50,8 @@ def held_by_others() -> set[str]:
     return held
 
 
-def left_behind(before: set[str]) -> set[str]:
-    """Files in /dev/shm now that were not there ``before`` and that no other process holds."""
+def left_behind(before: set[str], root: int | None = None) -> set[str]:
+    """Files in /dev/shm now that were not there ``before`` and that no process outside ``root``'s
+    tree (default: this process's) holds."""
     new = shm_files() - before
-    return new - held_by_others() if new else new
+    return new - held_by_others(root) if new else new

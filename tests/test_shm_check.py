@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -25,30 +24,28 @@ def _new_file() -> Path:
     return path
 
 
-def _outside_holder(path: Path) -> int:
-    """A process that maps ``path`` and is no descendant of ours: started in its own session by a
-    parent that exits at once, so it is re-parented away from this process."""
-    launcher = subprocess.run(
-        [sys.executable, "-c",
-         "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
-         "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint(p.pid)", HOLD, str(path)],
-        capture_output=True, text=True, check=True, timeout=30)
-    pid = int(launcher.stdout)
-    deadline = time.monotonic() + 20
-    while path.name not in open(f"/proc/{pid}/maps").read():
-        assert time.monotonic() < deadline, "the holder never mapped the file"
-        time.sleep(0.05)
-    return pid
+def _holder(path: Path) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
 
 
 def test_a_file_only_an_outside_process_holds_is_not_ours():
+    """Seen from a tree rooted at one child (the test worker, say), a file that a sibling holds (the
+    other worker's engine) is not a leftover of that tree; seen from this process, it is ours.
+    (No process started here can leave this process's tree: after the sandbox tests the worker
+    is a child subreaper, so even a re-parented orphan comes back to it.)"""
     before = shm_files()
     path = _new_file()
-    pid = _outside_holder(path)
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = _holder(path)
     try:
-        assert path.name not in left_behind(before)
+        assert path.name not in left_behind(before, root=root.pid)
+        assert path.name in left_behind(before)
     finally:
-        os.kill(pid, 9)
+        for p in (holder, root):
+            p.kill()
+            p.wait()
         path.unlink()
 
 
@@ -57,9 +54,8 @@ def test_a_file_nobody_holds_or_our_child_holds_is_left_behind():
     path = _new_file()
     try:
         assert path.name in left_behind(before)  # nobody holds it: a leak
-        child = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+        child = _holder(path)
         try:
-            assert child.stdout.readline().strip() == "held"
             assert path.name in left_behind(before)  # ours, still running: not shut down
         finally:
             child.kill()
