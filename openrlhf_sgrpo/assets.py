@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,13 +45,15 @@ def part_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.part{os.getpid()}")
 
 
-def publish_folder(write: Callable[[Path], None], target: Path) -> None:
-    """``write(tmp)`` fills a fresh folder, which then becomes ``target`` by one rename. Where
-    another process published ``target`` first, its copy stays and ours is dropped."""
+def publish_pretrained(target: Path, *parts) -> None:
+    """Save ``parts`` (a model, its tokenizer: anything with ``save_pretrained``) into a fresh
+    folder that then becomes ``target`` by one rename. Where another process published ``target``
+    first, its copy stays and ours is dropped."""
     tmp = part_path(target)
     shutil.rmtree(tmp, ignore_errors=True)  # this pid's save cut short earlier
     try:
-        write(tmp)
+        for part in parts:
+            part.save_pretrained(str(tmp))
         tmp.rename(target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -134,7 +135,7 @@ def load_qwen2_tokenizer():
     if (saved / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(saved))
     tok = AutoTokenizer.from_pretrained(str(qwen2_vocab_dir()), gguf_file=QWEN2_VOCAB_GGUF)
-    publish_folder(lambda tmp: tok.save_pretrained(str(tmp)), saved)
+    publish_pretrained(saved, tok)
     return tok
 
 

@@ -28,8 +28,8 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 from engine_probe import policy_log_probs, scramble_  # noqa: F401 - the tests import them from here
-from shm_check import shm_files
 from fitted_policy import fitted_policy_dir
+from shm_check import shm_files
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
 

@@ -52,5 +52,5 @@ def fitted_policy_dir() -> Path:
     model, tok = assets.tiny_qwen2(seed=0)
     loss = format_warmup(model, tok, [], steps=STEPS, pairs=action_pairs(tok), batch_size=8)
     assert loss < MAX_LOSS, f"the tiny policy did not fit its actions (loss {loss:.3f})"
-    assets.publish_folder(lambda tmp: (model.save_pretrained(tmp), tok.save_pretrained(tmp)), folder)
+    assets.publish_pretrained(folder, model, tok)
     return folder

@@ -3,7 +3,6 @@ test's process tree holds it (another test worker's engine)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import uuid

@@ -36,7 +36,7 @@ def _smollm2():
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        assets.publish_folder(lambda tmp: (model.save_pretrained(str(tmp)), tok.save_pretrained(str(tmp))), plain)
+        assets.publish_pretrained(plain, model, tok)
     except OSError as err:
         log.warning("could not cache a plain SmolLM2 copy: %s", err)
     return model, tok
@@ -90,5 +90,5 @@ def policy_folder(spec: str) -> Path:
     if not (folder / "config.json").exists():
         model, tok = load_policy(spec)  # SmolLM2's first load writes its plain copy itself
     if not (folder / "config.json").exists():
-        assets.publish_folder(lambda tmp: (model.save_pretrained(str(tmp)), tok.save_pretrained(str(tmp))), folder)
+        assets.publish_pretrained(folder, model, tok)
     return folder
