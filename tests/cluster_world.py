@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -117,11 +119,15 @@ def cluster(args, request):
     # vLLM's CPU build: a 1 GiB KV cache, threads not pinned (forwarded to the workers by start_ray)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    # the engines' ZeroMQ socket files (vLLM never removes them) go here, not /tmp; forwarded too
+    ipc_dir = tempfile.mkdtemp(prefix="sgrpo-vllm-ipc-")
+    os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
     start_ray(num_cpus=16, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
         ray.shutdown()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
         os.environ.clear()
         os.environ.update(saved_env)
         for (module, name), cls in upstream.items():
@@ -167,6 +173,15 @@ def trainer_kwargs(args) -> dict:
 
 
 # ------------------------------------------------------------------ CPU stand-ins for CUDA code
+
+def single_process_group() -> None:
+    """torch.distributed's default group of one, as DeepSpeed's ``setup_distributed`` makes it in a
+    real run, over an in-memory store (a ``file://`` store's file would stay behind in /tmp)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
 
 def cpu_actor_trainer(args, model, vllm_engines=None, strategy=None, scheduler=None):
     """An ``ActorPPOTrainer`` built in this process as the policy actor builds it, minus CUDA: its

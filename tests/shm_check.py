@@ -3,7 +3,13 @@
 The engine tests check that a clean shutdown leaves /dev/shm as it found it. With the suite split
 over workers (``make test`` runs two), another worker's vLLM engine or Ray store may create and
 hold files there meanwhile: a new file that a live process outside this test's process tree maps
-or holds open is that process's, not a leftover of ours."""
+or holds open is that process's, not a leftover of ours.
+
+POSIX named semaphores (``sem.*``) are not counted: the checks are about shared-memory segments
+(vLLM's message queues, the weight-sync files). Python's multiprocessing and joblib create a named
+semaphore and unlink it at once (joblib does so on import, to probe for support), so one is left
+whenever any process on the machine is killed in between: seen as ``sem.loky-<pid>-...`` from
+another worker's Ray workers, ended by their cluster's shutdown."""
 
 from __future__ import annotations
 
@@ -11,10 +17,14 @@ import os
 from pathlib import Path
 
 SHM = Path("/dev/shm")
+SEMAPHORE_PREFIX = "sem."  # glibc's name for a POSIX named semaphore's file
 
 
 def shm_files() -> set[str]:
-    return set(os.listdir(SHM)) if SHM.is_dir() else set()
+    """Shared-memory segments in /dev/shm (semaphores left out: module docstring)."""
+    if not SHM.is_dir():
+        return set()
+    return {name for name in os.listdir(SHM) if not name.startswith(SEMAPHORE_PREFIX)}
 
 
 def _held_by(pid: str) -> set[str]:

@@ -39,6 +39,7 @@ from cluster_world import (
     needs_vllm,
     policy_log_probs,
     scramble_,
+    single_process_group,
     trainer_kwargs,
     turn_ranges,
 )
@@ -525,13 +526,9 @@ def test_async_queue_and_oversampling_serve_whole_groups(cluster, engines, optio
 def _install_cpu_policy(actor, args, policy_dir: str, engines) -> bool:
     """Inside a policy actor: its ``ActorPPOTrainer`` around the fitted policy (a plain HF model
     where DeepSpeed's engine would be), so ``PolicyModelActor.broadcast_to_vllm`` syncs it."""
-    import tempfile
-
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    if not dist.is_initialized():  # DeepSpeed's setup_distributed does this in a real run
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+    single_process_group()
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     actor.trainer = cpu_actor_trainer(args, model, vllm_engines=engines)
     actor.saved_weights = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -43,6 +43,7 @@ from cluster_world import (
     needs_vllm,
     sample_record,
     scramble_,
+    single_process_group,
     trainer_kwargs,
 )
 from engine_probe import check_sync_round_trip, state_in_rollout_actor, sync_round_trip
@@ -127,10 +128,7 @@ def _broadcast_round_trip(actor, args, policy_dir: str, engines, sequence) -> di
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    if not dist.is_initialized():  # DeepSpeed's setup_distributed does this in a real run
-        import tempfile
-
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+    single_process_group()
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)  # non-colocated: a sync group is asked for
     states, references, expected = sync_round_trip(
@@ -451,8 +449,6 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
     def digest_checks(actor, args, policy_dir: str, engines) -> dict:
         """In the policy actor: the digest check (openrlhf_ext/sync_verify.py) after a sync of a
         known change, before any sync of it, and with one readable tensor changed and not synced."""
-        import tempfile
-
         import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
@@ -465,8 +461,7 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
                 return str(exc)
             return ""
 
-        if not dist.is_initialized():  # the round trip above ended its own group
-            dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/init", rank=0, world_size=1)
+        single_process_group()  # the round trip above ended its own group
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         trainer = _cpu_actor_trainer(args, model, vllm_engines=engines)
         saved = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -516,9 +511,15 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
 
 @needs_vllm
 def test_engines_shut_down_without_shared_memory_leftovers(cluster, engines, shm_before_engines):
-    """Last in the module: our CLI's clean shutdown leaves /dev/shm as it was before the engines."""
+    """Last in the module: our CLI's clean shutdown leaves /dev/shm as it was before the engines.
+    The engines bound their ZeroMQ socket files where ``$VLLM_RPC_BASE_PATH`` says (the CLI
+    forwards it to the Ray workers; vLLM never removes those files), not in /tmp."""
+    import stat
+
     from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
 
+    ipc_dir = Path(os.environ["VLLM_RPC_BASE_PATH"])
+    assert len([p for p in ipc_dir.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]) >= 2 * len(engines)
     assert shutdown_engines(engines) == len(engines)
     deadline = time.monotonic() + 60
     while left_behind(shm_before_engines) and time.monotonic() < deadline:

@@ -260,11 +260,19 @@ def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
 
 
-def test_close_leaves_no_shared_memory_behind(vllm_engine, shm_before):
-    """Last in the module: the engine's processes and their shared-memory queues are gone."""
+def test_close_leaves_no_shared_memory_or_socket_files_behind(vllm_engine, shm_before):
+    """Last in the module: the engine's processes, their shared-memory queues and the files of
+    their ZeroMQ sockets are gone. vLLM binds those sockets to files it never unlinks; they were
+    bound in the engine's own directory (so none is left in /tmp), which close() removes."""
+    import stat
     import time
 
+    ipc_dir = vllm_engine.ipc_dir
+    assert ipc_dir is not None and not os.environ.get("VLLM_RPC_BASE_PATH")
+    sockets = [p for p in Path(ipc_dir).iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
+    assert len(sockets) >= 2, sorted(Path(ipc_dir).iterdir())  # the engine's input and output, at least
     vllm_engine.close()
+    assert not Path(ipc_dir).exists()
     deadline = time.monotonic() + 60
     while left_behind(shm_before) and time.monotonic() < deadline:
         time.sleep(0.5)

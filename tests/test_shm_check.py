@@ -62,3 +62,18 @@ def test_a_file_nobody_holds_or_our_child_holds_is_left_behind():
     finally:
         path.unlink()
     assert path.name not in left_behind(before)
+
+
+def test_a_semaphore_nobody_holds_is_not_counted():
+    """A named semaphore a killed process did not get to unlink (joblib's import-time probe) is not
+    a shared-memory segment of ours; a segment of the same age is."""
+    before = shm_files()
+    semaphore = SHM / f"sem.sgrpo-shm-check-{uuid.uuid4().hex}"
+    semaphore.write_bytes(b"\0" * 32)
+    segment = _new_file()
+    try:
+        left = left_behind(before)
+        assert segment.name in left and semaphore.name not in left, left
+    finally:
+        semaphore.unlink()
+        segment.unlink()

@@ -35,8 +35,10 @@ _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RA
 # Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV). Never the Serper key:
 # the workers search the web through retriever_server's /search proxy, which alone holds it.
 # vLLM's CPU build reads its KV-cache size and thread binding from the environment of its workers.
+# VLLM_RPC_BASE_PATH: where each engine binds its ZeroMQ socket files, which vLLM never removes
+# (/tmp by default: three per engine start); it must exist on every node.
 _FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "HF_HOME", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
-                  "VLLM_CPU_NUM_OF_RESERVED_CPU")
+                  "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_RPC_BASE_PATH")
 
 
 class CliError(Exception):

