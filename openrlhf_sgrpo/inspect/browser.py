@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,20 @@ def _describe_exception(details: dict) -> str:
     return f"{text} (line {details.get('lineNumber', '?')}:{details.get('columnNumber', '?')})"
 
 
+def group_members(group: int) -> list[tuple[int, str, int]]:
+    """``(pid, state, ppid)`` of every process in process group ``group``, zombies included."""
+    members = []
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            raw = stat_path.read_text()
+        except OSError:
+            continue  # ended meanwhile
+        fields = raw.rpartition(")")[2].split()  # state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == group:
+            members.append((int(stat_path.parent.name), fields[0], int(fields[1])))
+    return members
+
+
 class Browser:
     """``with Browser() as b: b.open(url); b.evaluate(js); b.errors``: one headless page."""
 
@@ -71,6 +87,7 @@ class Browser:
         self._pending: dict[int, asyncio.Future] = {}
         self._loaded: asyncio.Event | None = None
         self._profile = tempfile.TemporaryDirectory(prefix="sgrpo-chromium-")
+        self.profile_dir = self._profile.name  # on the browser's command line: it names its processes
         self._proc: subprocess.Popen | None = None
         self._loop = asyncio.new_event_loop()
 
@@ -81,7 +98,9 @@ class Browser:
         cmd = [self.executable, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                "--no-first-run", "--no-default-browser-check", "--remote-debugging-port=0",
                f"--user-data-dir={self._profile.name}", f"--window-size={self.width},{self.height}", "about:blank"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # A group of its own: Debian's chromium-headless-shell is a shell script that runs the
+        # browser as its child, so signalling the process we started would orphan the browser.
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
             self._run(self._connect())
         except BaseException:
@@ -94,17 +113,48 @@ class Browser:
             if getattr(self, "_ws", None) is not None:
                 self._run(self._close())
         finally:
-            if self._proc is not None and self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait(timeout=10)
+            if self._proc is not None:
+                self._end_process_group()
             if self._proc is not None and self._proc.stderr is not None:
                 self._proc.stderr.close()
             self._loop.close()
             self._profile.cleanup()
+
+    def _end_process_group(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the browser's whole process group (the wrapper script, the browser, its
+        zygotes and renderers), SIGKILL to whatever of it still runs after ``grace_s``. Members
+        that end up as this process's children (it may be a child subreaper: the sandbox service
+        makes itself one) are reaped, so no zombie of the browser stays behind either."""
+        group = self._proc.pid  # start_new_session: the group's id is the leader's pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break  # nothing of the group is left, not even a zombie
+            deadline = time.monotonic() + grace_s
+            while self._reap_group(group) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not self._reap_group(group):
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=grace_s)
+
+    def _reap_group(self, group: int) -> int:
+        """Reap the group's zombies that are this process's children; how many members still run."""
+        self._proc.poll()  # the leader: Popen reaps it
+        running = 0
+        for pid, state, ppid in group_members(group):
+            if state != "Z":
+                running += 1
+            elif ppid == os.getpid() and pid != group:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        return running
+
+    @property
+    def pid(self) -> int | None:
+        """The started process's pid, which is also its process group's id (None before start)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _run(self, coro):
         return self._loop.run_until_complete(asyncio.wait_for(coro, self.timeout_s))
