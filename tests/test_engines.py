@@ -260,6 +260,27 @@ def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
 
 
+def test_the_private_socket_directory_steps_aside_where_it_cannot_serve(monkeypatch, tmp_path):
+    """A user's VLLM_RPC_BASE_PATH wins; a temp dir so long that a socket path in it would pass
+    the Unix limit falls back to vLLM's own choice, leaving nothing behind; else a fresh dir."""
+    from openrlhf_sgrpo.engine import vllm as engine_vllm
+
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+    assert engine_vllm._private_ipc_dir() is None
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH")
+    fresh = engine_vllm._private_ipc_dir()
+    try:
+        assert Path(fresh).is_dir() and not any(Path(fresh).iterdir())
+        assert len(fresh) + 1 + engine_vllm.IPC_NAME_LENGTH <= engine_vllm.UNIX_SOCKET_PATH_MAX
+    finally:
+        os.rmdir(fresh)
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(engine_vllm.tempfile, "tempdir", str(deep))
+    assert engine_vllm._private_ipc_dir() is None
+    assert list(deep.iterdir()) == []
+
+
 def test_close_leaves_no_shared_memory_or_socket_files_behind(vllm_engine, shm_before):
     """Last in the module: the engine's processes, their shared-memory queues and the files of
     their ZeroMQ sockets are gone. vLLM binds those sockets to files it never unlinks; they were

@@ -50,6 +50,8 @@ from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, sync_via_file
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+UNIX_SOCKET_PATH_MAX = 107  # Linux's sun_path holds 108 bytes, the closing NUL included
+IPC_NAME_LENGTH = 36  # vLLM names each socket file by a uuid4
 
 
 class VLLMUnavailable(RuntimeError):
@@ -96,11 +98,16 @@ def _env(**values: str):
 
 
 def _private_ipc_dir() -> str | None:
-    """A fresh directory for one engine's ZeroMQ socket files (module docstring), or None where the
-    user chose where they go (``VLLM_RPC_BASE_PATH``)."""
+    """A fresh directory for one engine's ZeroMQ socket files (module docstring), or None (vLLM's
+    default place) where the user chose where they go (``VLLM_RPC_BASE_PATH``) or where a socket's
+    path in it would not fit a Unix socket address (a long ``$TMPDIR``)."""
     if os.environ.get("VLLM_RPC_BASE_PATH"):
         return None
-    return tempfile.mkdtemp(prefix="sgrpo-vllm-ipc-")
+    path = tempfile.mkdtemp(prefix="sgrpo-vllm-ipc-")
+    if len(os.fsencode(path)) + len("/") + IPC_NAME_LENGTH > UNIX_SOCKET_PATH_MAX:
+        os.rmdir(path)
+        return None
+    return path
 
 
 def cpu_dtype(dtype: str) -> str:
