@@ -8,8 +8,7 @@ PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, each taking whole test files (--dist loadfile:
 # a module's engine, Ray cluster and services are started once, by one worker). On 2 cores, 2
 # workers took the suite from 25:47 to 18:02 (a third of the CPU sat idle in service start-ups,
-# Docker builds and fault waits). 0 runs it in one process. Files are handed out longest first
-# (tests/conftest.py, LONGEST_FIRST; --no-loadscope-reorder keeps that order).
+# Docker builds and fault waits). 0 runs it in one process.
 TEST_WORKERS ?= 2
 
 .PHONY: install system-deps test test-fast demo bench clean-venv
@@ -37,7 +36,7 @@ system-deps:
 	  else echo "note: install$$missing (apt-get install$$missing) for the local sandbox backend"; fi; fi
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not docker" $(PYTEST_ARGS)
