@@ -1,4 +1,5 @@
-"""What a test's own processes left in /dev/shm, with other processes at work beside it.
+"""What a test's own processes left behind, with other processes at work beside it: files in
+/dev/shm, socket files, processes that carry the test's marker.
 
 The engine tests check that a clean shutdown leaves /dev/shm as it found it. With the suite split
 over workers (``make test`` runs two), another worker's vLLM engine or Ray store may create and
@@ -14,6 +15,7 @@ another worker's Ray workers, ended by their cluster's shutdown."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -65,3 +67,23 @@ def left_behind(before: set[str], root: int | None = None) -> set[str]:
     tree (default: this process's) holds."""
     new = shm_files() - before
     return new - held_by_others(root) if new else new
+
+
+def socket_files(directory: Path | str) -> list[Path]:
+    """The Unix socket files in ``directory`` (vLLM's ZeroMQ endpoints, which it never removes)."""
+    return [p for p in Path(directory).iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose command line carries ``marker`` (a zombie's is empty;
+    sandboxed processes are visible on the host)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found

@@ -48,7 +48,7 @@ from cluster_world import (
 )
 from engine_probe import check_sync_round_trip, state_in_rollout_actor, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
-from shm_check import left_behind
+from shm_check import left_behind, socket_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
 # workdir, policy_dir, services, agent_func_path, cluster, engines, shm_before_engines: this
@@ -514,12 +514,9 @@ def test_engines_shut_down_without_shared_memory_leftovers(cluster, engines, shm
     """Last in the module: our CLI's clean shutdown leaves /dev/shm as it was before the engines.
     The engines bound their ZeroMQ socket files where ``$VLLM_RPC_BASE_PATH`` says (the CLI
     forwards it to the Ray workers; vLLM never removes those files), not in /tmp."""
-    import stat
-
     from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
 
-    ipc_dir = Path(os.environ["VLLM_RPC_BASE_PATH"])
-    assert len([p for p in ipc_dir.iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]) >= 2 * len(engines)
+    assert len(socket_files(os.environ["VLLM_RPC_BASE_PATH"])) >= 2 * len(engines)
     assert shutdown_engines(engines) == len(engines)
     deadline = time.monotonic() + 60
     while left_behind(shm_before_engines) and time.monotonic() < deadline:

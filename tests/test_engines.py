@@ -18,7 +18,7 @@ import torch
 from cluster_world import scramble_
 from engine_probe import check_sync_round_trip, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
-from shm_check import left_behind, shm_files
+from shm_check import left_behind, shm_files, socket_files
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_env import info_keys as K
@@ -285,12 +285,11 @@ def test_close_leaves_no_shared_memory_or_socket_files_behind(vllm_engine, shm_b
     """Last in the module: the engine's processes, their shared-memory queues and the files of
     their ZeroMQ sockets are gone. vLLM binds those sockets to files it never unlinks; they were
     bound in the engine's own directory (so none is left in /tmp), which close() removes."""
-    import stat
     import time
 
     ipc_dir = vllm_engine.ipc_dir
     assert ipc_dir is not None and not os.environ.get("VLLM_RPC_BASE_PATH")
-    sockets = [p for p in Path(ipc_dir).iterdir() if stat.S_ISSOCK(p.lstat().st_mode)]
+    sockets = socket_files(ipc_dir)
     assert len(sockets) >= 2, sorted(Path(ipc_dir).iterdir())  # the engine's input and output, at least
     vllm_engine.close()
     assert not Path(ipc_dir).exists()

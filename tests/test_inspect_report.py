@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import scripted_rollouts as scripted
 from inspector_dom import DOM_STATE, assert_dom_matches, records, set_control
+from shm_check import marked_processes
 
 from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium, group_members
@@ -228,18 +229,6 @@ def test_filters_and_step_selector_work_like_a_person_uses_them(page, run_dir):
     assert page.errors == []
 
 
-def _running_with(argument: str) -> list[int]:
-    """Pids of live processes with ``argument`` on their command line (a zombie has none)."""
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if argument in cmdline.read_bytes().decode(errors="replace").split("\0"):
-                pids.append(int(cmdline.parent.name))
-        except OSError:
-            continue
-    return pids
-
-
 @needs_chromium
 def test_closing_the_browser_ends_every_process_of_it():
     """Debian's chromium-headless-shell is a shell script that runs the browser as its child; ending
@@ -247,7 +236,7 @@ def test_closing_the_browser_ends_every_process_of_it():
     CI run). After the block no process of it runs, and none is left as our zombie."""
     with Browser(CHROMIUM) as browser:
         marker = f"--user-data-dir={browser.profile_dir}"
-        assert _running_with(marker), "the browser should run inside the block"
+        assert marked_processes(marker), "the browser should run inside the block"
         group = browser.pid
-    assert _running_with(marker) == []
+    assert marked_processes(marker) == []
     assert [m for m in group_members(group) if m[2] == os.getpid()] == []

@@ -21,6 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from shm_check import marked_processes
 
 from sandbox.api import Outcome, parse_run_request
 from sandbox.backends.base import EnvironmentMissing
@@ -82,20 +83,6 @@ def leftover_cgroups() -> list[str]:
     for root, dirs, _ in os.walk("/sys/fs/cgroup"):
         found += [os.path.join(root, d) for d in dirs if d.startswith(LEAF_PREFIX)]
         dirs[:] = [d for d in dirs if not d.startswith(LEAF_PREFIX)]
-    return found
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Host pids whose command line carries `marker` (sandboxed processes are visible on the host)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
     return found
 
 

@@ -115,8 +115,8 @@ class Browser:
         finally:
             if self._proc is not None:
                 self._end_process_group()
-            if self._proc is not None and self._proc.stderr is not None:
-                self._proc.stderr.close()
+                if self._proc.stderr is not None:
+                    self._proc.stderr.close()
             self._loop.close()
             self._profile.cleanup()
 
@@ -132,9 +132,9 @@ class Browser:
             except ProcessLookupError:
                 break  # nothing of the group is left, not even a zombie
             deadline = time.monotonic() + grace_s
-            while self._reap_group(group) and time.monotonic() < deadline:
+            while (running := self._reap_group(group)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not self._reap_group(group):
+            if not running:
                 break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=grace_s)
