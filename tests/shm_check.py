@@ -1,5 +1,5 @@
 """What a test's own processes left behind, with other processes at work beside it: files in
-/dev/shm, socket files, processes that carry the test's marker.
+/dev/shm, socket files, processes that carry the test's marker, a process's state (zombie or gone).
 
 The engine tests check that a clean shutdown leaves /dev/shm as it found it. With the suite split
 over workers (``make test`` runs two), another worker's vLLM engine or Ray store may create and
@@ -14,9 +14,12 @@ another worker's Ray workers, ended by their cluster's shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import time
 from pathlib import Path
+from typing import NamedTuple
 
 SHM = Path("/dev/shm")
 SEMAPHORE_PREFIX = "sem."  # glibc's name for a POSIX named semaphore's file
@@ -87,3 +90,43 @@ def marked_processes(marker: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+class ProcState(NamedTuple):
+    name: str  # /proc's comm: 15 characters at most
+    state: str  # R, S, D, T, Z (a zombie: ended, not yet reaped) ...
+    ppid: int
+
+
+def process_state(pid: int) -> ProcState | None:
+    """``pid``'s entry in /proc; None once it is reaped (no entry at all)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return ProcState(raw[raw.index("(") + 1:raw.rindex(")")], fields[0], int(fields[1]))
+
+
+def live_names(pids: list[int]) -> list[str]:
+    """The names of those of ``pids`` that still run (zombies and reaped ones left out)."""
+    states = [process_state(pid) for pid in pids]
+    return [s.name for s in states if s is not None and s.state != "Z"]
+
+
+def reap_adopted(pids: list[int], timeout: float = 10.0) -> list[str]:
+    """Wait up to ``timeout`` s for ``pids`` to end, reaping each that ends as this process's child:
+    orphans come here when the test process is a child subreaper (a sandbox backend made it one),
+    and nothing else would ever reap them. Returns the names of those still running."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            state = process_state(pid)
+            if state is not None and state.state == "Z" and state.ppid == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        running = live_names(pids)
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)

@@ -18,7 +18,7 @@ import torch
 from cluster_world import scramble_
 from engine_probe import check_sync_round_trip, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
-from shm_check import left_behind, shm_files, socket_files
+from shm_check import left_behind, live_names, process_state, shm_files, socket_files
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_env import info_keys as K
@@ -244,20 +244,44 @@ def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path):
 
 def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
     """One engine process on a CPU, not vLLM's default two (a second Python with torch, ~1 GB),
-    and the switch that does it is not left in this process's environment for later engines."""
+    and the switch that does it is not left in this process's environment for later engines.
+
+    Asked of this engine's own core process: the test process may also hold other engines' cores,
+    ending or ended (a zombie of one force-killed at its close once failed a count over every
+    process below the test)."""
     from openrlhf_sgrpo.demo.memory import descendants
+    from openrlhf_sgrpo.engine.vllm import core_processes
 
     if not vllm_engine.on_cpu:
         pytest.skip("the one-process layout is the CPU build's")
-    names = []
-    for pid in descendants(os.getpid()):
-        try:
-            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
-        except OSError:
-            pass
-    vllm_names = sorted(n for n in names if n.startswith("VLLM::"))
-    assert vllm_names == ["VLLM::EngineCor"], names  # comm is cut at 15 characters
+    cores = [proc.pid for proc in core_processes(vllm_engine.llm)]
+    assert len(cores) == 1 and live_names(cores) == ["VLLM::EngineCor"], cores  # comm: 15 characters
+    assert cores[0] in descendants(os.getpid())
+    below = live_names(descendants(cores[0]))
+    assert not [name for name in below if name.startswith("VLLM::")], below  # vLLM's is "VLLM::Worker"
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
+
+
+def test_close_reaps_a_core_that_outlives_vllms_grace(policy):
+    """vLLM's shutdown SIGKILLs an engine core that has not exited 5 s after its SIGTERM and never
+    waits for it. A core that cannot answer (stopped here; a loaded machine in CI) is gone, not a
+    zombie of this process, when close() returns."""
+    import signal
+
+    from openrlhf_sgrpo.engine.vllm import core_processes
+
+    folder, model, tok = policy
+    engine = build_engine("vllm", model, tok, model_path=folder, max_batch=2, max_model_len=MAX_LEN,
+                          dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20)
+    cores = []
+    try:
+        cores = [proc.pid for proc in core_processes(engine.llm)]
+        assert cores, "this vLLM keeps no handle on its engine-core process"
+        os.kill(cores[0], signal.SIGSTOP)
+        assert process_state(cores[0]).state == "T"
+    finally:
+        engine.close()
+    assert [process_state(pid) for pid in cores] == [None] * len(cores)
 
 
 def test_the_private_socket_directory_steps_aside_where_it_cannot_serve(monkeypatch, tmp_path):

@@ -21,7 +21,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from shm_check import marked_processes
+from shm_check import live_names, marked_processes, reap_adopted
 
 from sandbox.api import Outcome, parse_run_request
 from sandbox.backends.base import EnvironmentMissing
@@ -506,10 +506,15 @@ def test_leak_loop_500_runs_leaves_nothing():
 
 
 def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
-    """A service SIGKILLed mid-run leaves its slot cgroups; the next one to start removes them."""
+    """A service SIGKILLed mid-run leaves its slot cgroups; the next one to start removes them.
+    Its sandboxes do not outlive it (bwrap's --die-with-parent); ended, they are orphans, reaped
+    here where this process adopts them (a backend made it a child subreaper), not left as
+    zombies below the test process for the rest of the session."""
     import subprocess
     import sys
     import time
+
+    from openrlhf_sgrpo.demo.memory import descendants
 
     script = ("import threading, time\nfrom sandbox.backends.local import LocalBackend\n"
               "from sandbox.api import parse_run_request\nb = LocalBackend(pool_size=2)\n"
@@ -520,8 +525,11 @@ def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
         assert proc.stdout.readline().strip() == "up"
         mine = f"sgrpo-sandbox-{proc.pid}"
         time.sleep(1)  # let the run start inside a slot
+        sandboxes = descendants(proc.pid)
+        assert "bwrap" in live_names(sandboxes), sandboxes
         proc.kill()
         proc.wait(timeout=30)
+        assert reap_adopted(sandboxes) == []
         assert any(p.endswith(mine) for p in leftover_cgroups()), "the killed service left no cgroups to sweep"
         fresh = _make_local()
         try:

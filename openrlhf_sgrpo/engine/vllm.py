@@ -52,6 +52,28 @@ from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, sync_via_fi
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 UNIX_SOCKET_PATH_MAX = 107  # Linux's sun_path holds 108 bytes, the closing NUL included
 IPC_NAME_LENGTH = 36  # vLLM names each socket file by a uuid4
+CORE_EXIT_S = 30.0  # after vLLM's shutdown: its SIGKILL has been sent where its grace ran out
+
+
+def core_processes(llm) -> list:
+    """The engine-core processes (``multiprocessing`` handles) vLLM started for ``llm``; [] where
+    this vLLM keeps them elsewhere (an in-process core, Ray-managed engines)."""
+    client = getattr(llm, "engine_core", None)
+    manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+    return list(getattr(manager, "processes", None) or [])
+
+
+def _reap(processes: list) -> None:
+    """Wait for each process to end, killing one still alive after ``CORE_EXIT_S``; joining it
+    reaps it."""
+    for proc in processes:
+        try:
+            proc.join(CORE_EXIT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(CORE_EXIT_S)
+        except (AssertionError, ValueError):  # not started by this process, or already closed
+            continue
 
 
 class VLLMUnavailable(RuntimeError):
@@ -220,8 +242,14 @@ class VLLMGenerationEngine:
         self._thread.join(timeout=30)
 
     def close(self) -> None:
-        """Shut the engine's processes down (their shared-memory queues go with them), then the loop."""
+        """Shut the engine's processes down (their shared-memory queues go with them), then the loop.
+
+        Every engine-core process has ended and been reaped when this returns: vLLM 0.29's
+        shutdown SIGTERMs the core, waits 5 s, then SIGKILLs one that has not exited and never
+        waits for it, so a core busy past the grace (a loaded machine) stayed a zombie of this
+        process, and a dying one could still hold its memory, until the next engine started."""
         llm = getattr(self, "llm", None)
+        cores = core_processes(llm)
         if llm is not None and self._thread.is_alive():
             async def shutdown():
                 llm.shutdown()
@@ -230,6 +258,7 @@ class VLLMGenerationEngine:
                 self._call(shutdown())
             finally:
                 self.llm = None
+                _reap(cores)
         if self._thread.is_alive():
             self._stop_loop()
         self._remove_ipc_dir()
