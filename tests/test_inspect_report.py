@@ -240,3 +240,35 @@ def test_closing_the_browser_ends_every_process_of_it():
         group = browser.pid
     assert marked_processes(marker) == []
     assert [m for m in group_members(group) if m[2] == os.getpid()] == []
+
+
+SUBREAPER_BROWSER = """
+import ctypes, json, os, sys, time
+from openrlhf_sgrpo.demo.memory import descendants
+from openrlhf_sgrpo.inspect.browser import Browser
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the sandbox service sets it
+left = []
+for _ in range(int(sys.argv[2])):
+    with Browser(sys.argv[1]):
+        pass
+    time.sleep(1)  # what ends late comes here meanwhile
+    left.append([open(f"/proc/{pid}/stat").read().split(") ")[1][0] for pid in descendants(os.getpid())])
+print(json.dumps(left))
+"""
+
+
+@needs_chromium
+def test_a_subreaper_closing_the_browser_keeps_no_zombie_of_it():
+    """Where the closing process is a child subreaper (the sandbox service; a test worker after a
+    sandbox backend ran in it), each of the browser's processes comes back to it when it ends. None
+    may stay a zombie below it: Chromium's main process shows as a zombie while its other threads
+    still end, and its ended children reach the closer only after that (several were found below
+    a CI worker)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SUBREAPER_BROWSER, CHROMIUM, "4"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == [[]] * 4
+

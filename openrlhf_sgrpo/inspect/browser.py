@@ -132,24 +132,33 @@ class Browser:
             except ProcessLookupError:
                 break  # nothing of the group is left, not even a zombie
             deadline = time.monotonic() + grace_s
-            while (running := self._reap_group(group)) and time.monotonic() < deadline:
+            while (unsettled := self._reap_group(group)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not running:
+            if not unsettled:
                 break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=grace_s)
 
     def _reap_group(self, group: int) -> int:
-        """Reap the group's zombies that are this process's children; how many members still run."""
+        """Reap the group's zombies that are this process's children; how many members are not
+        settled yet: still running, or ended under a parent of the group. Chromium is
+        multithreaded: its main process shows as a zombie (not reapable yet) while other threads
+        of it still end, and only then do its ended children pass to this process (a child subreaper) or to init;
+        stopping at "nothing runs" left them here as zombies for good."""
         self._proc.poll()  # the leader: Popen reaps it
-        running = 0
-        for pid, state, ppid in group_members(group):
-            if state != "Z":
-                running += 1
-            elif ppid == os.getpid() and pid != group:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-        return running
+        members = group_members(group)
+        in_group = {pid for pid, _, _ in members}
+        unsettled = 0
+        for pid, state, ppid in members:
+            if state == "Z" and ppid == os.getpid() and pid != group:
+                try:
+                    reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
+                except ChildProcessError:
+                    continue  # reaped elsewhere meanwhile
+                unsettled += not reaped  # its main thread has ended, others of it not yet
+            elif state != "Z" or ppid in in_group:
+                unsettled += 1
+        return unsettled
 
     @property
     def pid(self) -> int | None:
