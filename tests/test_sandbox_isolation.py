@@ -608,6 +608,34 @@ def test_docker_leak_loop_and_healing():
 
 
 @pytest.mark.docker
+def test_close_waits_out_a_removal_already_under_way():
+    """Another client removing the pool's containers as it closes (an operator's ``docker rm -f``;
+    the engine's own auto-remove of a container whose runner just ended, as in CI) makes close's
+    remove answer 409 "removal in progress" at once: close still returns only when the engine
+    lists none of them (the old close left some "removing" in about half the tries here)."""
+    import threading
+
+    from sandbox.backends.docker_pool import LABEL, docker_client
+
+    client = docker_client()
+    try:
+        left = []
+        for _ in range(6):
+            backend = _docker_backend()
+            removers = [threading.Thread(target=client.api.remove_container, args=(cid,), kwargs={"force": True})
+                        for cid in backend.live_containers()]
+            for remover in removers:
+                remover.start()
+            backend.close()
+            left += client.api.containers(all=True, filters={"label": f"{LABEL}={backend.service_id}"})
+            for remover in removers:
+                remover.join()
+        assert [c["State"] for c in left] == []
+    finally:
+        client.close()
+
+
+@pytest.mark.docker
 def test_resident_container_killed_mid_run_is_reported_and_healed():
     """A container that dies during a run yields a SandboxError result (no hang), then a fresh one."""
     import threading

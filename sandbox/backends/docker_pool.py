@@ -46,6 +46,7 @@ ULIMITS = [Ulimit(name="nofile", soft=256, hard=256), Ulimit(name="core", soft=0
            Ulimit(name="fsize", soft=64 << 20, hard=64 << 20)]
 START_TIMEOUT_S = 60.0
 LABEL = "sgrpo-sandbox"
+CLOSE_TIMEOUT_S = 30.0  # for the engine to finish removing the service's containers
 
 
 def docker_host() -> str | None:
@@ -188,10 +189,25 @@ class DockerBackend(ResidentPool):
         return [c["Id"] for c in found]
 
     def close(self) -> None:
+        """Remove every container of this service, and return once the engine lists none.
+
+        A container that exited (killed from outside, its runner gone) is removed by the engine
+        itself in the background (``auto_remove``); a forced remove then answers 409 "removal in
+        progress" at once, and without the wait a caller listing containers right after close
+        still found one ("Removal In Progress", seen in CI)."""
         super().close()
-        for cid in self.live_containers():  # any container this service made and lost track of
-            try:
-                self.client.api.remove_container(cid, force=True)
-            except (NotFound, APIError):
-                pass
-        self.client.close()
+        try:
+            deadline = time.monotonic() + CLOSE_TIMEOUT_S
+            while left := self.live_containers():  # any container this service made and lost track of
+                if time.monotonic() > deadline:
+                    log.warning("docker still lists %d container(s) of service %s after %.0f s: %s",
+                                len(left), self.service_id, CLOSE_TIMEOUT_S, left)
+                    break
+                for cid in left:
+                    try:
+                        self.client.api.remove_container(cid, force=True)
+                    except (NotFound, APIError):
+                        pass  # gone meanwhile, or its removal is under way
+                time.sleep(0.1)
+        finally:
+            self.client.close()
