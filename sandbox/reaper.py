@@ -27,14 +27,47 @@ import time
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+# The flag is the process's, the reapers are objects: the first reaper to open sets it, the last
+# to close clears it (unless the process was a subreaper before), so a process that only embeds a
+# backend for a while (a test, a notebook) does not adopt every orphan of its tree for good.
+_open_reapers = 0
+_was_subreaper = False
+_flag_lock = threading.Lock()
+
+
+def _prctl(option: int, arg: object = 0) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper now."""
+    flag = ctypes.c_int(0)
+    return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.pointer(flag)) and flag.value != 0
 
 
 def _set_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    global _open_reapers, _was_subreaper
+    with _flag_lock:
+        if _open_reapers == 0:
+            _was_subreaper = is_subreaper()
+            if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+                return False
+        _open_reapers += 1
+        return True
+
+
+def _release_subreaper() -> None:
+    global _open_reapers
+    with _flag_lock:
+        _open_reapers -= 1
+        if _open_reapers == 0 and not _was_subreaper:
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
 
 
 def _children() -> set[int]:
@@ -82,6 +115,13 @@ class OrphanReaper:
         self.reaped = 0
         if not self.enabled:
             log.warning("could not become a child subreaper; sandbox orphans go to the host's pid 1")
+
+    def close(self) -> None:
+        """The backend is closed and its runs reaped: this reaper's hold on the flag ends."""
+        with self._lock:
+            if self.enabled:
+                self.enabled = False
+                _release_subreaper()
 
     def spawn(self, *args, **kwargs) -> subprocess.Popen:
         """`subprocess.Popen`, registered before any reap can see it (its status stays ours)."""

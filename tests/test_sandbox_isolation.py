@@ -508,7 +508,7 @@ def test_leak_loop_500_runs_leaves_nothing():
 def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
     """A service SIGKILLed mid-run leaves its slot cgroups; the next one to start removes them.
     Its sandboxes do not outlive it (bwrap's --die-with-parent); ended, they are orphans, reaped
-    here where this process adopts them (a backend made it a child subreaper), not left as
+    here where this process adopts them (a child subreaper while a backend of it is open), not left as
     zombies below the test process for the rest of the session."""
     import subprocess
     import sys
@@ -539,6 +539,39 @@ def test_cgroups_of_a_killed_service_are_swept_at_the_next_start():
             fresh.close()
     finally:
         proc.kill()
+
+
+SUBREAPER_SPAN = """
+import ctypes, json
+from sandbox.backends.local import LocalBackend
+from sandbox.reaper import is_subreaper
+seen = [is_subreaper()]
+a, b = LocalBackend(pool_size=1), LocalBackend(pool_size=1)
+seen.append(is_subreaper())
+a.close()
+seen.append(is_subreaper())
+b.close()
+seen.append(is_subreaper())
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # a subreaper of its own accord stays one
+c = LocalBackend(pool_size=1)
+c.close()
+seen.append(is_subreaper())
+print(json.dumps(seen))
+"""
+
+
+def test_the_process_is_a_subreaper_only_while_a_backend_is_open():
+    """The flag is the process's: while any local backend is open, orphans below come here to be
+    reaped; after the last one closes they go where they went before, so a process that embedded
+    a backend for a while (a test worker: Ray workers, sandboxes of killed services, browser
+    children were left as its zombies for the rest of the session) adopts nothing more."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SUBREAPER_SPAN], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == [False, True, True, False, True]
 
 
 NON_REAPING_PARENT = """

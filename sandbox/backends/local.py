@@ -235,6 +235,7 @@ class LocalBackend(ResidentPool):
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        self.reaper.close()
 
 
 def _swap_enabled() -> bool:
