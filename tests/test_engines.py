@@ -262,15 +262,17 @@ def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
 
 
-def test_close_reaps_a_core_that_outlives_vllms_grace(policy):
+def test_close_reaps_a_core_that_outlives_vllms_grace(policy, monkeypatch, tmp_path):
     """vLLM's shutdown SIGKILLs an engine core that has not exited 5 s after its SIGTERM and never
     waits for it. A core that cannot answer (stopped here; a loaded machine in CI) is gone, not a
-    zombie of this process, when close() returns."""
+    zombie of this process, when close() returns. (A killed core leaves its torch.distributed
+    ``file://`` store, ``vllm_dist_<uuid>`` in its temp dir: this test points that at ``tmp_path``.)"""
     import signal
 
     from openrlhf_sgrpo.engine.vllm import core_processes
 
     folder, model, tok = policy
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # read by the spawned core, not by this process
     engine = build_engine("vllm", model, tok, model_path=folder, max_batch=2, max_model_len=MAX_LEN,
                           dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 << 20)
     cores = []
@@ -282,6 +284,7 @@ def test_close_reaps_a_core_that_outlives_vllms_grace(policy):
     finally:
         engine.close()
     assert [process_state(pid) for pid in cores] == [None] * len(cores)
+    assert [p.name[:len("vllm_dist_")] for p in tmp_path.iterdir()] == ["vllm_dist_"]
 
 
 def test_the_private_socket_directory_steps_aside_where_it_cannot_serve(monkeypatch, tmp_path):
