@@ -85,14 +85,14 @@ def _children() -> set[int]:
         pass
     kids: set[int] = set()  # kernels without CONFIG_PROC_CHILDREN: scan every process
     for path in glob.glob("/proc/[0-9]*/stat"):
-        stat = _stat(path)
+        stat = proc_stat(path)
         if stat is not None and stat[2] == me:
             kids.add(int(path.split("/")[2]))
     return kids
 
 
-def _stat(path: str) -> tuple[str, str, int] | None:
-    """(comm, state, ppid) from a /proc/<pid>/stat file, or None if it is gone."""
+def proc_stat(path: str) -> tuple[str, str, int] | None:
+    """(comm, state, ppid) from a /proc/<pid>/stat file, or None if it is gone (reaped)."""
     try:
         with open(path) as fh:
             raw = fh.read()

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from sandbox.reaper import proc_stat
+
 SHM = Path("/dev/shm")
 SEMAPHORE_PREFIX = "sem."  # glibc's name for a POSIX named semaphore's file
 
@@ -100,12 +102,8 @@ class ProcState(NamedTuple):
 
 def process_state(pid: int) -> ProcState | None:
     """``pid``'s entry in /proc; None once it is reaped (no entry at all)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return ProcState(raw[raw.index("(") + 1:raw.rindex(")")], fields[0], int(fields[1]))
+    stat = proc_stat(f"/proc/{pid}/stat")
+    return ProcState(*stat) if stat is not None else None
 
 
 def live_names(pids: list[int]) -> list[str]:

@@ -268,6 +268,7 @@ def test_close_reaps_a_core_that_outlives_vllms_grace(policy, monkeypatch, tmp_p
     zombie of this process, when close() returns. (A killed core leaves its torch.distributed
     ``file://`` store, ``vllm_dist_<uuid>`` in its temp dir: this test points that at ``tmp_path``.)"""
     import signal
+    import time
 
     from openrlhf_sgrpo.engine.vllm import core_processes
 
@@ -280,6 +281,9 @@ def test_close_reaps_a_core_that_outlives_vllms_grace(policy, monkeypatch, tmp_p
         cores = [proc.pid for proc in core_processes(engine.llm)]
         assert cores, "this vLLM keeps no handle on its engine-core process"
         os.kill(cores[0], signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # a signal is delivered when the process next runs
+        while process_state(cores[0]).state != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert process_state(cores[0]).state == "T"
     finally:
         engine.close()

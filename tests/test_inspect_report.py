@@ -246,13 +246,14 @@ SUBREAPER_BROWSER = """
 import ctypes, json, os, sys, time
 from openrlhf_sgrpo.demo.memory import descendants
 from openrlhf_sgrpo.inspect.browser import Browser
+from sandbox.reaper import proc_stat
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as the sandbox service sets it
 left = []
 for _ in range(int(sys.argv[2])):
     with Browser(sys.argv[1]):
         pass
     time.sleep(1)  # what ends late comes here meanwhile
-    left.append([open(f"/proc/{pid}/stat").read().split(") ")[1][0] for pid in descendants(os.getpid())])
+    left.append([proc_stat(f"/proc/{pid}/stat")[1] for pid in descendants(os.getpid())])
 print(json.dumps(left))
 """
 

@@ -143,8 +143,8 @@ class Browser:
         """Reap the group's zombies that are this process's children; how many members are not
         settled yet: still running, or ended under a parent of the group. Chromium is
         multithreaded: its main process shows as a zombie (not reapable yet) while other threads
-        of it still end, and only then do its ended children pass to this process (a child subreaper) or to init;
-        stopping at "nothing runs" left them here as zombies for good."""
+        of it still end, and only then do its ended children pass to this process (a child
+        subreaper) or to init; stopping at "nothing runs" left them here as zombies for good."""
         self._proc.poll()  # the leader: Popen reaps it
         members = group_members(group)
         in_group = {pid for pid, _, _ in members}
