@@ -18,6 +18,7 @@ from inspector_dom import assert_dom_matches, records, set_control
 
 from openrlhf_sgrpo.demo.__main__ import main, parse_args
 from openrlhf_sgrpo.demo.synth_task import hop_of_qid
+from openrlhf_sgrpo.engine import processor
 from openrlhf_sgrpo.inspect.browser import Browser, find_chromium
 from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.testing import shifted_seed
@@ -48,6 +49,8 @@ def test_smoke_demo_with_calibadv_and_sapo_writes_report_and_resumes(tmp_path, c
     if engine == "vllm":  # every step's update reached the engine before the next rollout
         assert all(r["time/weight_sync_s"] > 0 for r in read_step_log(out / "metrics.jsonl", "train"))
     assert (out / "report.png").stat().st_size > 10_000
+    env = json.loads((out / "environment.json").read_text())  # the machine its times come from
+    assert {k: env[k] for k in ("processor", "cpu_isa")} == processor() and f"machine: {env['processor']}" in text
     checks = json.loads((out / "task_checks.json").read_text())
     assert checks["recall"]["hop1"] == 1.0 and checks["recall"]["hop2"] == 1.0  # 32 passages, exact names
     assert checks["closed_book_before"]["n"] == 4

@@ -12,6 +12,7 @@ from peer_rules import official_gaia_question_scorer
 from agent_env.config import config_from_dict
 from agent_env.episode import Episode
 from agent_env.rewards import parse_golds
+from openrlhf_sgrpo.engine import KERNEL_ISAS
 from openrlhf_sgrpo.eval.__main__ import _by_level, main, parse_args
 from openrlhf_sgrpo.eval.core import summarize
 from openrlhf_sgrpo.eval.gaia import load_gaia
@@ -127,3 +128,35 @@ def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--engine vllm: vLLM is not installed" in proc.stderr and "--engine hf" in proc.stderr
+
+_XEON_AMX = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8
+
+processor\t: 1
+model name\t: another name, never read
+flags\t\t: fpu
+"""
+
+
+@pytest.mark.parametrize("cpuinfo, name, isa, vllm_runs", [
+    (_XEON_AMX, "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+     "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),
+    ("model name : AMD EPYC 7B13\nflags : fpu avx avx2 fma\n", "AMD EPYC 7B13", "avx2", True),
+    ("model name : QEMU Virtual CPU\nflags : fpu sse2\n", "QEMU Virtual CPU", "none of " + " ".join(KERNEL_ISAS), False),
+])
+def test_processor_names_the_isas_that_pick_the_kernels(tmp_path, monkeypatch, cpuinfo, name, isa, vllm_runs):
+    """Run records and test logs name the processor and the ISAs by which torch and vLLM's CPU build
+    choose kernels (the first processor's lines); one without AVX2/AVX-512 is why vLLM cannot run."""
+    import platform
+
+    import openrlhf_sgrpo.engine as engine
+
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    monkeypatch.setattr(engine, "_CPUINFO", tmp_path / "cpuinfo")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    found = engine.processor()
+    assert found["processor"] == name and found["cpu_isa"] == isa, found
+    reason = engine.vllm_unavailable_reason() or ""
+    assert ("neither AVX2 nor AVX-512" in reason) != vllm_runs, reason

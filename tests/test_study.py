@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from openrlhf_sgrpo.demo.study import study_table, summarize
+from openrlhf_sgrpo.engine import processor
 from openrlhf_sgrpo.testing import shifted_seed
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "study" / "sgrpo_vs_grpo.py"
@@ -60,6 +61,7 @@ def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path,
     assert (out / "study.png").stat().st_size > 10_000
     study = json.loads((out / "study.json").read_text())
     assert study["environment"]["device"] == "cpu" and study["environment"]["torch"]
+    assert {k: study["environment"][k] for k in ("processor", "cpu_isa")} == processor()
     assert sorted(study["per_seed"]) == sorted(seeds)
     for seed in seeds:  # each seed: its own demo run, both arms from the same warm-up
         folder = out / f"seed_{seed}"

@@ -344,6 +344,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.questions import load_demo_data
     from openrlhf_sgrpo.demo.report import heldout_table, plot_curves, steps_table
+    from openrlhf_sgrpo.demo.study import environment
     from openrlhf_sgrpo.demo.task_checks import closed_book, leaked_answers, measure_recall
     from openrlhf_sgrpo.demo.warm import demonstrations, save_warm_weights, warm_up
     from openrlhf_sgrpo.engine import resolve_engine
@@ -364,6 +365,9 @@ def run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--out {out} already holds a run; pass --resume to continue it or pick another folder")
     out.mkdir(parents=True, exist_ok=True)
     (out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
+    env = environment()  # the demo's times and the engine's bf16 rounding depend on the processor
+    (out / "environment.json").write_text(json.dumps(env, indent=1))
+    print(f"machine: {env['processor']} ({env['cpu_isa']}), {env['cpu_count']} CPUs, {env['device']}")
     arms = arms_for(args)
     peaks = StagePeaks()
     stages = Stages(5 + 2 * len(arms), t0, peaks)

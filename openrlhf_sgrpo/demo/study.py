@@ -15,6 +15,7 @@ import math
 import platform
 from pathlib import Path
 
+from openrlhf_sgrpo.engine import processor
 from openrlhf_sgrpo.eval.table import format_table
 
 DEFAULT_ARMS = "grpo,sgrpo:0.6,sgrpo:0.8,sgrpo:1.0"
@@ -135,6 +136,8 @@ def environment() -> dict[str, str]:
         env["cuda"] = str(torch.version.cuda)
     else:
         env["device"] = "cpu"
+    env.update(processor())  # the kernels a CPU run's timings and bf16 rounding come from
+    env["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     try:
         import vllm
 

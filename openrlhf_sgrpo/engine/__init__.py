@@ -26,16 +26,36 @@ AUTO = "auto"
 _CPUINFO = Path("/proc/cpuinfo")
 # vLLM's CPU build runs on x86-64 with AVX2 or AVX-512 (its kernels need one of them)
 _X86_ISAS = ("avx512f", "avx2")
+# the instruction sets by which torch and vLLM's CPU build pick their GEMM kernels (docs/deploy.md)
+KERNEL_ISAS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first ``name : value`` line's value in /proc/cpuinfo, or "" where there is none."""
+    try:
+        for line in _CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        for line in _CPUINFO.read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
+    return set(_cpuinfo_field("flags").split())
+
+
+def processor() -> dict[str, str]:
+    """This machine's processor and which of :data:`KERNEL_ISAS` it has.
+
+    Engine speed and bf16 rounding differ with them (AMX tiles and the SGL AMX kernel on Xeons
+    with AMX, oneDNN AVX-512 or AVX2 elsewhere; bf16 native or emulated), so run records, timings
+    and test logs name them: a failure report then says which kernels ran."""
+    flags = _cpu_flags()
+    isas = " ".join(isa for isa in KERNEL_ISAS if isa in flags)
+    return {"processor": _cpuinfo_field("model name") or platform.processor() or platform.machine(),
+            "cpu_isa": isas or "none of " + " ".join(KERNEL_ISAS)}
 
 
 def vllm_unavailable_reason() -> str | None:
