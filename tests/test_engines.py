@@ -169,6 +169,46 @@ def test_agent_trajectories_have_the_same_structure_on_both_engines(vllm_engine,
     print(f"whole trajectories identical on both engines: {sum(same)} of {len(same)}")
 
 
+def _sampled_rollout(engine, tok, urls, seed: int | None, load: int = 0) -> list[list[int]]:
+    """Sampled (temperature 1) trajectories, 4 per question, through OpenRLHF's executor, our agent
+    and the real tools; ``load`` unseeded requests of other text share the engine meanwhile (they
+    change the batches and take draws from the engine-wide generator)."""
+    import threading
+
+    from openrlhf_sgrpo.local.rollout import AgentRollout
+
+    cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=TEMPLATE,
+                      max_turns=2, topk=2, max_obs_tokens=48)
+    rollout = AgentRollout(engine, tok, cfg, MAX_LEN, max_tokens_per_turn=24, temperature=1.0)
+    other = _prompt_ids(tok, "Which river flows through Cairo?")
+    noise = threading.Thread(target=_generate, args=(engine, [other] * load, SamplingParams(max_tokens=64)))
+    noise.start()
+    try:
+        samples = rollout.run([q for q, _ in QUESTIONS], [[g] for _, g in QUESTIONS], n=4, progress=False,
+                              seed=seed).samples
+    finally:
+        noise.join()
+        rollout.close()
+    return [s.sequences.tolist() for s in samples]
+
+
+def test_a_seeded_sampled_rollout_draws_the_same_tokens_whatever_the_batching(vllm_engine, policy, services):
+    """The runner seeds each step's rollout (``AgentRollout.run(seed=...)``): every engine call of
+    trajectory j samples with a seed derived from (seed, j, call), which vLLM turns into a generator
+    of the request's own. So a rerun draws the same tokens, even with other requests in the engine.
+    Unseeded, draws come from one engine-wide generator in batch order: the control differs.
+    (Tokens, not logits, are compared: both runs compute the same fp32 logits on one machine, up to
+    batch-shape float sums, which could move a near-tie; one trajectory of 12 may differ.)"""
+    _, _, tok = policy
+    first = _sampled_rollout(vllm_engine, tok, services, seed=11)
+    again = _sampled_rollout(vllm_engine, tok, services, seed=11, load=8)
+    unseeded = _sampled_rollout(vllm_engine, tok, services, seed=None, load=8)
+    same = sum(a == b for a, b in zip(first, again))
+    control = sum(a == b for a, b in zip(first, unseeded))
+    print(f"identical trajectories of 12: seeded rerun {same}, unseeded {control}")
+    assert same >= 11 and control < same, (same, control)
+
+
 def _sync_round_trip(engine, model, sequence: list[int]) -> tuple[dict, dict, dict]:
     """``engine_probe.sync_round_trip`` through ``engine.sync_weights``, which loads every tensor."""
     count = len(dict(model.named_parameters()))

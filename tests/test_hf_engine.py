@@ -166,3 +166,24 @@ def test_bad_requests_are_clear_errors(tiny):
         SamplingParams(top_p=0)
     (zero,) = generate_all(engine, [[1, 2]], SamplingParams(max_tokens=0))
     assert zero.outputs[0].token_ids == [] and zero.outputs[0].finish_reason == "length"
+
+
+def test_a_seeded_request_draws_from_its_own_generator(tiny):
+    """vLLM's rule, kept by the HF fallback: a request whose params carry a seed samples from a
+    generator of its own, so its tokens do not depend on the engine's seed or on the draws of the
+    requests batched with it. The same batch (same shapes, so the same logits) under two engine
+    seeds: the seeded row is equal token for token, an unseeded row is not; another seed differs."""
+    model, tok = tiny
+    p = ids(tok, PROMPTS)
+
+    def batch(engine_seed: int, row_seed: int):
+        engine = HFGenerationEngine(model, tok, seed=shifted_seed(engine_seed))
+        seeded = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=row_seed)
+        free = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+
+        async def main():
+            return await asyncio.gather(engine.generate(p[0], seeded), engine.generate(p[1], free))
+        return [o.outputs[0].token_ids for o in asyncio.run(main())]
+
+    (a, free_a), (b, free_b), (c, _) = batch(1, 5), batch(2, 5), batch(1, 6)
+    assert a == b and free_a != free_b and a != c

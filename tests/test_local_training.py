@@ -50,10 +50,11 @@ def _agent_config(urls) -> AgentConfig:
                        max_turns=2, max_obs_tokens=48, reward="f1", format_reward=True)
 
 
-def _trainer(world, out, steps, model, tok):
+def _trainer(world, out, steps, model, tok, engine_seed: int = 1):
     train, urls = world
-    rollout = AgentRollout(HFGenerationEngine(model, tok, seed=shifted_seed(1)), tok, _agent_config(urls),
-                           max_len=192, max_tokens_per_turn=16, first_turn_script=spread_script)
+    engine = HFGenerationEngine(model, tok, seed=shifted_seed(engine_seed))
+    rollout = AgentRollout(engine, tok, _agent_config(urls), max_len=192, max_tokens_per_turn=16,
+                           first_turn_script=spread_script)
     tcfg = TrainConfig(steps=steps, prompts_per_step=2, n_samples=4, micro_batch_size=4, lr=1e-3,
                        seed=shifted_seed(0))
     return LocalTrainer(model, tok, rollout, train, tcfg, out), rollout
@@ -104,6 +105,20 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
     assert all(len(p) == 1 and "ratio_mean" in p[0] for p in result.sample_updates)
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+    # Step 3 once more from the same checkpoint, on an engine whose own generator is elsewhere (as
+    # a resumed run's is against an uninterrupted one's, or a reordered batch's): the step's seed
+    # gives every trajectory the same draws (rollout.SeededCalls)
+    model3 = AutoModelForCausalLM.from_config(model.config)
+    trainer3, rollout3 = _trainer(world, tmp_path, 3, model3, tok, engine_seed=2)
+    assert trainer3.resume() and trainer3.step == 2
+    try:
+        again = trainer3.train_step()
+    finally:
+        rollout3.close()
+    def drawn(step_result) -> list[list[int]]:
+        return [s.sequences.tolist() for s in step_result.experience.samples]
+    assert drawn(again) == drawn(result)
 
 
 def test_run_each_refills_its_window_instead_of_waiting_for_a_chunk(world):

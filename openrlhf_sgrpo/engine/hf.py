@@ -32,6 +32,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     stop_hit: str | None = None
+    generator: torch.Generator | None = None  # the request's own, where its params carry a seed
 
 
 class HFGenerationEngine:
@@ -84,6 +85,8 @@ class HFGenerationEngine:
             raise ValueError("prompt_token_ids is empty")
         loop = asyncio.get_running_loop()
         req = _Request(list(prompt_token_ids), sampling_params, loop.create_future())
+        if sampling_params.seed is not None:
+            req.generator = torch.Generator(device=self.device).manual_seed(sampling_params.seed)
         self._queue.append(req)
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._serve())
@@ -171,6 +174,9 @@ class HFGenerationEngine:
         # but is several times faster over a 150k vocabulary on CPU.
         probs = torch.softmax(filtered, dim=-1)
         race = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, r in enumerate(reqs):  # vLLM's rule: a seeded request draws from its own generator,
+            if r.generator is not None:  # so its tokens do not depend on what it is batched with
+                race[i].exponential_(generator=r.generator)
         sampled = (probs / race).argmax(dim=-1)
         tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
         return tokens.cpu(), logp_all.gather(1, tokens.unsqueeze(1)).squeeze(1).cpu()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -43,6 +44,37 @@ class TimedEngine:
             return await self.engine.generate(prompt_token_ids, sampling_params, multi_modal_data=multi_modal_data)
         finally:
             self.recorder.add("generate", start, time.monotonic())
+
+
+def call_seed(*parts: int) -> int:
+    """A 31-bit sampling seed from integers (a run's seed, a trajectory, a call), stable across
+    processes and Python versions (``hash`` of a tuple is not)."""
+    digest = hashlib.blake2b(",".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class SeededCalls:
+    """The engine as one sampled trajectory sees it: its k-th ``generate`` samples with seed
+    ``call_seed(seed, k)``.
+
+    Unseeded, vLLM (and the HF engine) draw every request's tokens from one engine-wide generator
+    in the order they are batched, and tool latencies change that order from run to run: three
+    ``make demo`` runs of one commit on one machine agreed for two RL steps, then parted (held-out
+    two-hop EM after RL 0.00, 0.25 and 0.54). A seed per call gives each trajectory draws of its
+    own, so a seeded run samples the same tokens whatever the batching (while the logits agree)."""
+
+    def __init__(self, engine, seed: int):
+        self.engine, self.seed, self.calls = engine, seed, 0
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        seed = call_seed(self.seed, self.calls)
+        self.calls += 1
+        if dataclasses.is_dataclass(sampling_params):
+            params = dataclasses.replace(sampling_params, seed=seed)
+        else:  # a vllm.SamplingParams passed by the caller
+            params = sampling_params.clone()
+            params.seed = seed
+        return await self.engine.generate(prompt_token_ids, params, multi_modal_data=multi_modal_data)
 
 
 class TimedTool:
@@ -136,15 +168,17 @@ class AgentRollout:
         return time.monotonic() - start
 
     def run(self, prompts: list[str], golds: list[list[str]], n: int = 1, greedy: bool = False,
-            desc: str = "rollout", progress: bool = True) -> RolloutResult:
-        """``n`` trajectories per prompt, all in flight at once; samples come back prompt-contiguous."""
+            desc: str = "rollout", progress: bool = True, seed: int | None = None) -> RolloutResult:
+        """``n`` trajectories per prompt, all in flight at once; samples come back prompt-contiguous.
+        With a ``seed``, trajectory j's engine calls sample with seeds derived from (seed, j)
+        (:class:`SeededCalls`): the same seed gives the same draws whatever the batching."""
         if len(prompts) != len(golds):
             raise ValueError(f"{len(prompts)} prompts but {len(golds)} gold lists")
         self.recorder.clear()
         release_freed_memory()
         start = time.monotonic()
         jobs = [(p, g, self._script(k, p, g)) for p, g in zip(prompts, golds) for k in range(n)]
-        responses = self.loop.run_until_complete(self._run_all(jobs, greedy, desc, progress))
+        responses = self.loop.run_until_complete(self._run_all(jobs, greedy, desc, progress, seed))
         wall = time.monotonic() - start
         release_freed_memory()
         samples = [tensorize_response(r, self.max_len) for r in responses]
@@ -190,19 +224,22 @@ class AgentRollout:
         release_freed_memory()
         return timing
 
-    async def _execute(self, prompt: str, label: str, greedy: bool, script: str | None = None) -> dict:
-        engine = self.engine if script is None else FirstTurnForced(self.engine, self.tokenizer, script)
+    async def _execute(self, prompt: str, label: str, greedy: bool, script: str | None = None,
+                       seed: int | None = None) -> dict:
+        engine = self.engine if seed is None or greedy else SeededCalls(self.engine, seed)
+        engine = engine if script is None else FirstTurnForced(engine, self.tokenizer, script)
         return await self.executor.execute(prompt, label, self._params(greedy), self.max_len, self.tokenizer, engine)
 
     async def _run_all(self, jobs: list[tuple[str, list[str], str | None]], greedy: bool, desc: str,
-                       progress: bool) -> list[dict]:
+                       progress: bool, seed: int | None) -> list[dict]:
         with _Progress(len(jobs), desc, progress) as bar:
-            async def one(prompt: str, golds: list[str], script: str | None) -> dict:
-                out = await self._execute(prompt, label_of(golds), greedy, script)
+            async def one(j: int, prompt: str, golds: list[str], script: str | None) -> dict:
+                job_seed = None if seed is None else call_seed(seed, j)
+                out = await self._execute(prompt, label_of(golds), greedy, script, job_seed)
                 bar.add(out)
                 return out
 
-            return list(await asyncio.gather(*(one(*job) for job in jobs)))
+            return list(await asyncio.gather(*(one(j, *job) for j, job in enumerate(jobs))))
 
     def close(self) -> None:
         if self.loop.is_closed():

@@ -290,8 +290,9 @@ class LocalTrainer:
         cfg = self.cfg
         questions = self.stream.take(cfg.prompts_per_step)
         step = self.step + 1
+        # seeded by step: a rerun or a resume samples the same draws, whatever the engine's batching
         result = self.rollout.run([q.question for q in questions], [q.golds for q in questions], n=cfg.n_samples,
-                                  desc=f"rollout {step}")
+                                  desc=f"rollout {step}", seed=self._step_seed(step))
         samples = result.samples
         with Stopwatch() as exp_time:
             exp = make_experience(samples, cfg.n_samples, cfg.adv, self.model, self.pad_id, cfg.micro_batch_size,
@@ -349,12 +350,16 @@ class LocalTrainer:
         old = _pad([exp.old_log_probs[i] for i in rows], width) if exp.old_log_probs is not None else None
         return MicroBatch(rows, batch, old, _pad([exp.token_advantages[i] for i in rows], width), ref)
 
+    def _step_seed(self, step: int) -> int:
+        """Step ``step``'s seed: its rollout's draws and its mini-batch order."""
+        return self.cfg.seed * 1_000_003 + step
+
     def _ppo_train(self, exp: Experience, step: int) -> tuple[list[dict], list[list[dict]]]:
         """``max_epochs`` passes of mini-batch AdamW steps over one experience."""
         cfg = self.cfg
         n, micro = len(exp.samples), cfg.micro_batch_size
         gas = cfg.mini_batch_size // micro
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        generator = torch.Generator().manual_seed(self._step_seed(step))
         updates: list[dict] = []
         sample_updates: list[list[dict]] = [[] for _ in range(n)]
         self.model.train()
