@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> dict:
     from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.questions import load_demo_data
     from openrlhf_sgrpo.demo.report import heldout_table, plot_curves, steps_table
-    from openrlhf_sgrpo.demo.study import environment
+    from openrlhf_sgrpo.demo.environment import environment
     from openrlhf_sgrpo.demo.task_checks import closed_book, leaked_answers, measure_recall
     from openrlhf_sgrpo.demo.warm import demonstrations, save_warm_weights, warm_up
     from openrlhf_sgrpo.engine import resolve_engine

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 from pathlib import Path
 
-from openrlhf_sgrpo.engine import processor
+from openrlhf_sgrpo.demo.environment import environment
 from openrlhf_sgrpo.eval.table import format_table
 
 DEFAULT_ARMS = "grpo,sgrpo:0.6,sgrpo:0.8,sgrpo:1.0"
@@ -122,29 +121,6 @@ def plot_study(results: dict[int, dict], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def environment() -> dict[str, str]:
-    """Device and versions to record beside the table."""
-    import torch
-    import transformers
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "machine": platform.machine(), "cpu_count": str(__import__("os").cpu_count())}
-    if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name(0)
-        env["cuda"] = str(torch.version.cuda)
-    else:
-        env["device"] = "cpu"
-    env.update(processor())  # the kernels a CPU run's timings and bf16 rounding come from
-    env["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    try:
-        import vllm
-
-        env["vllm"] = vllm.__version__
-    except Exception:  # noqa: BLE001 - not installed or not importable here: recorded as absent
-        env["vllm"] = "absent"
-    return env
 
 
 def write_study(results: dict[int, dict], out: Path, argv: list[str]) -> str:
