@@ -113,7 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reward", default="f1", choices=["em", "f1", "sub_em"],
                    help="training reward (+ Search-R1's format reward); the paper uses em")
     p.add_argument("--concurrency", type=int, default=48, help="held-out questions in flight at once")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the policy's and engine's seed, and with the step number each rollout's draws")
     p.add_argument("--record-groups", type=int, default=8,
                    help="prompt groups per step kept as rollout records for the inspector (0: none)")
     args = p.parse_args(argv)
@@ -341,10 +342,10 @@ def run(args: argparse.Namespace) -> dict:
 
     from agent_env.templates import build_prompt
     from openrlhf_sgrpo.demo.arms import arms_for
+    from openrlhf_sgrpo.demo.environment import environment
     from openrlhf_sgrpo.demo.memory import StagePeaks
     from openrlhf_sgrpo.demo.questions import load_demo_data
     from openrlhf_sgrpo.demo.report import heldout_table, plot_curves, steps_table
-    from openrlhf_sgrpo.demo.environment import environment
     from openrlhf_sgrpo.demo.task_checks import closed_book, leaked_answers, measure_recall
     from openrlhf_sgrpo.demo.warm import demonstrations, save_warm_weights, warm_up
     from openrlhf_sgrpo.engine import resolve_engine

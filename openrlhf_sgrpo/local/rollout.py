@@ -58,9 +58,9 @@ class SeededCalls:
     ``call_seed(seed, k)``.
 
     Unseeded, vLLM (and the HF engine) draw every request's tokens from one engine-wide generator
-    in the order they are batched, and tool latencies change that order from run to run: three
-    ``make demo`` runs of one commit on one machine agreed for two RL steps, then parted (held-out
-    two-hop EM after RL 0.00, 0.25 and 0.54). A seed per call gives each trajectory draws of its
+    in the order they are batched, and tool latencies change that order from run to run: two
+    ``make demo`` runs of the same computation on one machine agreed for two RL steps, then parted
+    (held-out two-hop EM after RL 0.25 and 0.54). A seed per call gives each trajectory draws of its
     own, so a seeded run samples the same tokens whatever the batching (while the logits agree)."""
 
     def __init__(self, engine, seed: int):
