@@ -18,14 +18,15 @@ def openrlhf_gpu_stubs() -> None:
     install_gpu_import_stubs()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """The processor and its kernel ISAs, at the top of every run's log: torch and vLLM's CPU build
-    pick different kernels on AVX2, AVX-512 and AMX machines, and CI's processor changes from run to
-    run, so a failure report says which kernels it ran on."""
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The processor and its kernel ISAs beside the results (a terminal summary shows under ``-q``
+    too, as CI runs it; a report header does not): torch and vLLM's CPU build pick different kernels
+    on AVX2, AVX-512 and AMX machines, and CI's processor changes from run to run, so a failure
+    report says which kernels it ran on."""
     import torch
 
     from openrlhf_sgrpo.engine import processor
 
     found = processor()
-    return (f"processor: {found['processor']}; kernel ISAs: {found['cpu_isa']}; "
-            f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
+    terminalreporter.write_line(f"processor: {found['processor']}; kernel ISAs: {found['cpu_isa']}; "
+                                f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
