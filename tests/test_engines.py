@@ -129,12 +129,17 @@ def test_greedy_tokens_are_the_trainer_models_argmax(vllm_engine, policy):
     print(f"greedy tokens identical to the HF engine's before the first difference: {agree} of 32")
 
 
-def _rollout(engine, tok, urls) -> list:
+def _agent_rollout(engine, tok, urls, **kwargs):
+    """The runner's rollout (OpenRLHF's executor, our agent) against the module's real tools."""
     from openrlhf_sgrpo.local.rollout import AgentRollout
 
     cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=TEMPLATE,
                       max_turns=2, topk=2, max_obs_tokens=48)
-    rollout = AgentRollout(engine, tok, cfg, MAX_LEN, max_tokens_per_turn=16)
+    return AgentRollout(engine, tok, cfg, MAX_LEN, **kwargs)
+
+
+def _rollout(engine, tok, urls) -> list:
+    rollout = _agent_rollout(engine, tok, urls, max_tokens_per_turn=16)
     try:
         return rollout.run([q for q, _ in QUESTIONS], [[g] for _, g in QUESTIONS], n=1, greedy=True,
                            progress=False).samples
@@ -175,11 +180,7 @@ def _sampled_rollout(engine, tok, urls, seed: int | None, load: int = 0) -> list
     change the batches and take draws from the engine-wide generator)."""
     import threading
 
-    from openrlhf_sgrpo.local.rollout import AgentRollout
-
-    cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=TEMPLATE,
-                      max_turns=2, topk=2, max_obs_tokens=48)
-    rollout = AgentRollout(engine, tok, cfg, MAX_LEN, max_tokens_per_turn=24, temperature=1.0)
+    rollout = _agent_rollout(engine, tok, urls, max_tokens_per_turn=24, temperature=1.0)
     other = _prompt_ids(tok, "Which river flows through Cairo?")
     noise = threading.Thread(target=_generate, args=(engine, [other] * load, SamplingParams(max_tokens=64)))
     noise.start()

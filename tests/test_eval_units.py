@@ -129,6 +129,7 @@ def test_vllm_engine_without_vllm_is_a_clear_error(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--engine vllm: vLLM is not installed" in proc.stderr and "--engine hf" in proc.stderr
 
+
 _XEON_AMX = """processor\t: 0
 vendor_id\t: GenuineIntel
 model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
@@ -144,7 +145,8 @@ flags\t\t: fpu
     (_XEON_AMX, "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
      "avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True),
     ("model name : AMD EPYC 7B13\nflags : fpu avx avx2 fma\n", "AMD EPYC 7B13", "avx2", True),
-    ("model name : QEMU Virtual CPU\nflags : fpu sse2\n", "QEMU Virtual CPU", "none of " + " ".join(KERNEL_ISAS), False),
+    ("model name : QEMU Virtual CPU\nflags : fpu sse2\n", "QEMU Virtual CPU",
+     "none of " + " ".join(KERNEL_ISAS), False),
 ])
 def test_processor_names_the_isas_that_pick_the_kernels(tmp_path, monkeypatch, cpuinfo, name, isa, vllm_runs):
     """Run records and test logs name the processor and the ISAs by which torch and vLLM's CPU build

@@ -116,9 +116,8 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
         again = trainer3.train_step()
     finally:
         rollout3.close()
-    def drawn(step_result) -> list[list[int]]:
-        return [s.sequences.tolist() for s in step_result.experience.samples]
-    assert drawn(again) == drawn(result)
+    first_draws = [s.sequences.tolist() for s in exp.samples]
+    assert [s.sequences.tolist() for s in again.experience.samples] == first_draws
 
 
 def test_run_each_refills_its_window_instead_of_waiting_for_a_chunk(world):

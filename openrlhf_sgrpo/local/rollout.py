@@ -67,13 +67,9 @@ class SeededCalls:
         self.engine, self.seed, self.calls = engine, seed, 0
 
     async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
-        seed = call_seed(self.seed, self.calls)
+        # the executor passes (copies of) AgentRollout's own SamplingParams, a dataclass
+        params = dataclasses.replace(sampling_params, seed=call_seed(self.seed, self.calls))
         self.calls += 1
-        if dataclasses.is_dataclass(sampling_params):
-            params = dataclasses.replace(sampling_params, seed=seed)
-        else:  # a vllm.SamplingParams passed by the caller
-            params = sampling_params.clone()
-            params.seed = seed
         return await self.engine.generate(prompt_token_ids, params, multi_modal_data=multi_modal_data)
 
 
