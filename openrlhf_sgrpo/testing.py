@@ -5,6 +5,10 @@ import time. On a CPU machine the tests and the advantage bench put *import-only
 those modules in ``sys.modules`` (as OpenRLHF's own tests do; defined in
 :mod:`openrlhf_sgrpo.openrlhf_ext.gpu_import_standins`) and then run the real OpenRLHF code paths.
 
+vLLM's GEMM dispatch: ``SGRPO_TEST_VLLM_GEMM=amx`` makes vLLM's CPU build dispatch its Linears as
+on a Xeon with AMX (:func:`dispatch_gemm_as_on_amx`), on any processor with AVX-512 BF16, which
+its SGL kernels need. How weights are held, packed and reloaded is then the AMX machine's.
+
 Seeds: sampled model output depends on the CPU's floating point, so no test may need a lucky
 seed. ``SGRPO_TEST_SEED_SHIFT=k`` adds ``k`` to every seed the tests pass through
 :func:`shifted_seed`, as a stand-in for another machine: a test that holds by construction passes
@@ -17,9 +21,14 @@ import os
 
 from openrlhf_sgrpo.openrlhf_ext.gpu_import_standins import GPU_ONLY_MODULES, VLLM_SAMPLING_DEFAULTS, install
 
-__all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "install_gpu_import_stubs", "seed_shift", "shifted_seed"]
+__all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "dispatch_gemm_as_on_amx", "install_gpu_import_stubs",
+           "seed_shift", "shifted_seed"]
 
 SEED_SHIFT_ENV = "SGRPO_TEST_SEED_SHIFT"
+GEMM_ENV = "SGRPO_TEST_VLLM_GEMM"
+GEMM_CHOICES = ("", "amx")
+# the vLLM module whose ``check_cpu_sgl_kernel`` picks, per Linear, the SGL kernels (AMX Xeons) or oneDNN
+VLLM_GEMM_DISPATCH = "vllm.model_executor.layers.utils"
 
 
 def install_gpu_import_stubs() -> None:
@@ -39,3 +48,38 @@ def seed_shift() -> int:
 def shifted_seed(base: int) -> int:
     """The seed a test uses for ``base``: shifted by ``$SGRPO_TEST_SEED_SHIFT``."""
     return base + seed_shift()
+
+
+def vllm_gemm_choice() -> str:
+    """``$SGRPO_TEST_VLLM_GEMM``: "" (the processor's own choice) or "amx"; a bad value is named."""
+    raw = os.environ.get(GEMM_ENV, "").strip()
+    if raw not in GEMM_CHOICES:
+        raise ValueError(f"{GEMM_ENV} must be one of {GEMM_CHOICES}, got {raw!r}")
+    return raw
+
+
+def dispatch_gemm_as_on_amx(dispatch_module) -> None:
+    """Make ``dispatch_module.check_cpu_sgl_kernel`` (vLLM's own rule, unchanged) answer as it does
+    on a processor with AMX tiles: small bf16 Linear weights then go to the SGL kernels, whose
+    set-up packs the weight and keeps the bias in fp32. Idempotent.
+
+    Why: the weight-sync tests must hold on an AMX Xeon, and vLLM's CPU build takes that path only
+    where ``torch.cpu._is_amx_tile_supported()``. The kernels run on AVX-512 BF16 without AMX
+    tiles (their small-batch path is VDPBF16PS; larger batches go through oneDNN's brgemm, which
+    picks the ISA there is), so only the answer to "AMX?" is changed, and only inside this check."""
+    rule = dispatch_module.check_cpu_sgl_kernel
+    if hasattr(rule, "__wrapped_rule__"):
+        return
+
+    def check_cpu_sgl_kernel(n: int, k: int, dtype):
+        import torch
+
+        real = torch.cpu._is_amx_tile_supported
+        torch.cpu._is_amx_tile_supported = lambda: True
+        try:
+            return rule(n, k, dtype)
+        finally:
+            torch.cpu._is_amx_tile_supported = real
+
+    check_cpu_sgl_kernel.__wrapped_rule__ = rule
+    dispatch_module.check_cpu_sgl_kernel = check_cpu_sgl_kernel

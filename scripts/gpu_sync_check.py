@@ -57,7 +57,7 @@ def judge(states: dict, references: dict, expected: dict, dtype) -> dict:
     engine tests on the CPU keep it."""
     from engine_probe import check_sync_round_trip
 
-    gaps = check_sync_round_trip(states, references, expected, dtype=dtype, relative_tol=0.1)
+    gaps = check_sync_round_trip(states, references, expected, dtype=dtype, before="sync", relative_tol=0.1)
     return {"engine_tensors_checked": len(states["changed"]["tensors"]),
             "gaps_nats_per_token": {k: float(f"{v:.3g}") for k, v in gaps.items()}}
 

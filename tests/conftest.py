@@ -4,13 +4,29 @@ GPU-only imports: OpenRLHF's trainer modules import ``vllm`` and ``flash_attn`` 
 import time. On this CPU machine tests stub *only those imports* in ``sys.modules`` (as
 OpenRLHF's own tests do) and then run the real OpenRLHF code paths. The stand-ins and the
 seed shift (``SGRPO_TEST_SEED_SHIFT``) live in :mod:`openrlhf_sgrpo.testing`, shared with bench/.
+
+``SGRPO_TEST_VLLM_GEMM=amx`` runs every vLLM engine the tests start with an AMX Xeon's GEMM
+dispatch (:func:`openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx`), on a processor with AVX-512 BF16.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from openrlhf_sgrpo.testing import GPU_ONLY_MODULES, install_gpu_import_stubs  # noqa: F401 (re-exported)
+from openrlhf_sgrpo.testing import GPU_ONLY_MODULES, install_gpu_import_stubs, vllm_gemm_choice  # noqa: F401
+
+TEST_SITE = Path(__file__).with_name("ray_worker_site")  # its sitecustomize runs in every process started with it
+
+
+def pytest_configure(config) -> None:
+    """With ``SGRPO_TEST_VLLM_GEMM`` set, the test site goes on ``PYTHONPATH`` before any process is
+    started (xdist's workers, engines, Ray), so its sitecustomize sets vLLM's dispatch in each; a
+    bad value stops the run here."""
+    if vllm_gemm_choice() and str(TEST_SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TEST_SITE), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="session")
@@ -28,5 +44,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
     from openrlhf_sgrpo.engine import processor
 
     found = processor()
+    gemm = "; vLLM GEMM dispatch: as on AMX (SGRPO_TEST_VLLM_GEMM=amx)" if vllm_gemm_choice() == "amx" else ""
     terminalreporter.write_line(f"processor: {found['processor']}; kernel ISAs: {found['cpu_isa']}; "
-                                f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
+                                f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}{gemm}")

@@ -70,15 +70,39 @@ def expected_engine_tensors(model) -> dict[str, torch.Tensor]:
     return out
 
 
+LOADS = ("checkpoint", "sync")
+
+
+def as_loaded(tensor: torch.Tensor, dtype: torch.dtype, held: torch.dtype, loaded_by: str) -> torch.Tensor:
+    """The trainer's ``tensor`` as vLLM holds it in a parameter of dtype ``held`` in an engine of
+    model dtype ``dtype``. The first load (``"checkpoint"``) rounds to the model dtype before any
+    kernel set-up; a sync (``"sync"``, a reload) copies the trainer's values into the parameter as
+    it is. They differ where a parameter is held in another dtype than the model's: the biases of
+    the SGL-kernel Linears of vLLM's CPU build on an AMX Xeon, fp32 in a bf16 engine."""
+    if loaded_by not in LOADS:
+        raise ValueError(f"loaded_by must be one of {LOADS}, got {loaded_by!r}")
+    return tensor.to(dtype).to(held) if loaded_by == "checkpoint" else tensor.to(held)
+
+
+def held_bias_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a vLLM CPU engine holds a small Linear's bias in: fp32 in a bf16 engine on the SGL
+    kernels' path (an AMX Xeon, or ``SGRPO_TEST_VLLM_GEMM=amx``), else the model's. A test asserts it
+    to show which path it ran."""
+    from openrlhf_sgrpo.testing import vllm_gemm_choice
+
+    amx_path = vllm_gemm_choice() == "amx" or torch.cpu._is_amx_tile_supported()
+    return torch.float32 if amx_path and model_dtype == torch.bfloat16 else model_dtype
+
+
 def differing_tensors(engine: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
-                      dtype: torch.dtype) -> list[str]:
-    """Names whose engine tensor is not the trainer's, rounded to ``dtype`` (the engine's model
-    dtype) and then to the tensor's own dtype (vLLM's AMX path keeps biases in fp32 after
-    rounding them to the model dtype on load). A name the trainer lacks counts as differing."""
+                      dtype: torch.dtype, loaded_by: str) -> list[str]:
+    """Names whose engine tensor is not the trainer's as that load leaves it (:func:`as_loaded`);
+    a name the trainer lacks counts as differing."""
     bad = []
     for name, tensor in engine.items():
         want = expected.get(name)
-        if want is None or want.shape != tensor.shape or not torch.equal(want.to(dtype).to(tensor.dtype), tensor):
+        if (want is None or want.shape != tensor.shape
+                or not torch.equal(as_loaded(want, dtype, tensor.dtype, loaded_by), tensor)):
             bad.append(name)
     return sorted(bad)
 
@@ -154,7 +178,7 @@ def mean_gap(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def check_sync_round_trip(states: dict, references: dict, expected: dict, dtype: torch.dtype,
-                          relative_tol: float = 0.0) -> dict:
+                          *, before: str, relative_tol: float = 0.0) -> dict:
     """The three engine states of a sync test (``before``, ``changed`` after a known weight change
     and a sync, ``restored`` after the weights went back and another sync) against the trainer's
     tensors (``expected``, from :func:`expected_engine_tensors`: the LM head is the embedding where
@@ -165,12 +189,13 @@ def check_sync_round_trip(states: dict, references: dict, expected: dict, dtype:
     way further from the fp32 trainer than the toy's (SmolLM2 perturbed: 0.33 nats/token with every
     weight delivered, 7.7 moved, scripts/gpu_sync_check.py), while a sync that did not arrive stays
     off by the whole move. The round trip (restored vs before, same engine) keeps the dtype's bound.
+    ``before``: how the engine got its weights before the round trip (:func:`as_loaded`).
     Returns the gaps, for the test's log."""
     tol = SAME_FUNCTION_NATS[dtype]
     gaps = {"trainer_moved": mean_gap(references["changed"], references["before"])}
     assert gaps["trainer_moved"] >= CHANGE_FACTOR * tol, gaps  # the probe's change is large enough
     for key in ("before", "changed", "restored"):
-        bad = differing_tensors(states[key]["tensors"], expected[key], dtype)
+        bad = differing_tensors(states[key]["tensors"], expected[key], dtype, before if key == "before" else "sync")
         assert bad == [], (key, bad[:20])
         gaps[key] = mean_gap(states[key]["log_probs"], references[key])
     # the engine computes the trainer's function in each state: so the change arrived and went back

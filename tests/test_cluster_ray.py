@@ -46,7 +46,7 @@ from cluster_world import (
     single_process_group,
     trainer_kwargs,
 )
-from engine_probe import check_sync_round_trip, state_in_rollout_actor, sync_round_trip
+from engine_probe import check_sync_round_trip, held_bias_dtype, state_in_rollout_actor, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 from shm_check import left_behind, socket_files
 
@@ -138,10 +138,12 @@ def _broadcast_round_trip(actor, args, policy_dir: str, engines, sequence) -> di
     from openrlhf_sgrpo.engine.weight_sync import leftover_files
 
     engine_dtype = states["before"]["tensors"]["model.embed_tokens.weight"].dtype
-    gaps = check_sync_round_trip(states, references, expected, dtype=engine_dtype)
+    gaps = check_sync_round_trip(states, references, expected, dtype=engine_dtype, before="checkpoint")
     # (no ``model.config`` here: with ``torch.distributed`` imported above, cloudpickle would take
     # the name for a submodule, ``torch.distributed.config``, and fail on it)
-    return {"gaps": gaps, "dtype": str(engine_dtype), "left": [str(p) for p in leftover_files()]}
+    bias = states["before"]["tensors"]["model.layers.0.self_attn.qkv_proj.bias"]
+    return {"gaps": gaps, "dtype": str(engine_dtype), "bias_dtype": str(bias.dtype),
+            "left": [str(p) for p in leftover_files()]}
 
 
 def _maker_class(trainer) -> str:
@@ -494,6 +496,7 @@ def test_trainer_broadcast_reaches_the_vllm_engine_on_cpu(cluster, args, engines
     print(f"broadcast round trip: {report}")
     print(f"digest checks: {digests}")
     assert report["dtype"] == "torch.bfloat16"  # what the check covered: OpenRLHF's engine dtype,
+    assert report["bias_dtype"] == str(held_bias_dtype(torch.bfloat16))  # the GEMM path (engine_probe)
     assert AutoConfig.from_pretrained(policy_dir).tie_word_embeddings  # and a tied LM head
     assert report["left"] == []
     # the digest check passed on the synced change, over the engine's readable tensors (the CPU

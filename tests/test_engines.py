@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cluster_world import scramble_
-from engine_probe import check_sync_round_trip, state_of_local_engine, sync_round_trip
+from cluster_world import WORKER_SITE, scramble_
+from engine_probe import check_sync_round_trip, held_bias_dtype, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from shm_check import left_behind, live_names, process_state, shm_files, socket_files
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -28,6 +28,7 @@ from agent_env.templates import build_prompt
 from openrlhf_sgrpo.engine import build_engine, vllm_unavailable_reason
 from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import leftover_files
+from openrlhf_sgrpo.testing import GEMM_ENV
 
 _NO_VLLM = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow,
@@ -232,7 +233,8 @@ def test_sync_weights_reach_the_engine_and_come_back(vllm_engine, policy):
     tolerance (``engine_probe``), not by greedy text, so it holds on every processor."""
     _, model, tok = policy
     assert model.config.tie_word_embeddings
-    gaps = check_sync_round_trip(*_sync_round_trip(vllm_engine, model, _probe_sequence(tok)), dtype=torch.float32)
+    gaps = check_sync_round_trip(*_sync_round_trip(vllm_engine, model, _probe_sequence(tok)), dtype=torch.float32,
+                                 before="sync")  # build_engine syncs the model it is given
     print(f"mean |engine - trainer| log-prob gaps (nats/token): {gaps}")
     assert leftover_files() == []
 
@@ -259,11 +261,68 @@ def test_a_sync_that_misses_a_tensor_raises(vllm_engine, policy, monkeypatch):
     assert leftover_files() == []
 
 
-def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path):
+def _gemm_as_on_amx(monkeypatch) -> None:
+    """vLLM's CPU GEMM dispatch as on a Xeon with AMX, in the engine process this test starts next
+    (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``, installed there by the test site's
+    sitecustomize), or a skip that says why it is not needed or cannot run here."""
+    if torch.cpu._is_amx_tile_supported():
+        pytest.skip("this processor has AMX: the 'processor' case already runs vLLM's AMX dispatch")
+    if not torch.cpu._is_avx512_bf16_supported():
+        pytest.skip("vLLM's SGL GEMM kernels (an AMX Xeon's path) need AVX-512 BF16, which this processor lacks")
+    monkeypatch.setenv(GEMM_ENV, "amx")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")])))
+
+
+def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
+    """``SGRPO_TEST_VLLM_GEMM=amx`` turns vLLM's own per-Linear rule to what it answers on an AMX Xeon
+    (small bf16 weights to the SGL kernels; fp32 and large weights still not), restores torch's
+    AMX probe after each call, is idempotent, and a bad value is named."""
+    from types import SimpleNamespace
+
+    import vllm.model_executor.layers.utils as dispatch
+
+    from openrlhf_sgrpo.testing import dispatch_gemm_as_on_amx, vllm_gemm_choice
+
+    probe = torch.cpu._is_amx_tile_supported
+    module = SimpleNamespace(check_cpu_sgl_kernel=dispatch.check_cpu_sgl_kernel)  # vLLM's module stays as it is
+    dispatch_gemm_as_on_amx(module)
+    dispatch_gemm_as_on_amx(module)
+    rule = module.check_cpu_sgl_kernel
+    assert rule.__wrapped_rule__ is dispatch.check_cpu_sgl_kernel
+    assert rule(128, 64, torch.bfloat16) and rule(64, 64, torch.bfloat16)
+    assert not rule(128, 64, torch.float32) and not rule(4096, 4096, torch.bfloat16)  # 32 MiB: oneDNN on AMX too
+    assert dispatch.check_cpu_sgl_kernel(128, 64, torch.bfloat16) == probe()  # the real rule, unchanged
+    assert torch.cpu._is_amx_tile_supported is probe
+    monkeypatch.setenv(GEMM_ENV, "sgl")
+    with pytest.raises(ValueError, match="SGRPO_TEST_VLLM_GEMM must be one of .*'sgl'"):
+        vllm_gemm_choice()
+
+
+def _digest_check(engine, model) -> list:
+    """``--sgrpo.verify_weight_sync``'s comparison (openrlhf_ext/sync_verify.py) of what the engine's
+    worker holds with ``model``: one EngineCheck."""
+    from openrlhf_sgrpo.engine.weight_check import worker_weight_digests
+    from openrlhf_sgrpo.openrlhf_ext.sync_verify import compare_reports, trainer_digests, wanted_forms
+
+    reports = engine._call(engine.llm.collective_rpc(worker_weight_digests))
+    return compare_reports(reports, trainer_digests(model, wanted_forms(reports), None, digest=True))
+
+
+@pytest.mark.parametrize("gemm", ["processor", "amx"])
+def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path, monkeypatch, gemm):
     """The same round trip for a model whose LM head is a matrix of its own, in bf16 (the dtype
-    OpenRLHF's engines serve): the head is reloaded as a weight, not re-packed from the embedding."""
+    OpenRLHF's engines serve): the head is reloaded as a weight, not re-packed from the embedding.
+    Then ``--sgrpo.verify_weight_sync``'s digest comparison finds every readable tensor equal.
+
+    Twice: with the GEMM kernels vLLM's CPU build picks for this processor, and with those it picks
+    on a Xeon with AMX (``gemm="amx"``, forced where the kernels run). There the Linears' biases are
+    held in fp32 and a sync copies the trainer's fp32 values in unrounded (the first load rounded
+    them to bf16): a digest rule that rounded through bf16 failed every sync there (the biases are
+    random here, not the zeros of a fresh init, so such a rule fails this test)."""
     from openrlhf_sgrpo import assets
 
+    if gemm == "amx":
+        _gemm_as_on_amx(monkeypatch)
     _, _, tok = policy
     model, _ = assets.tiny_qwen2(seed=1)
     model.config.tie_word_embeddings = False
@@ -272,15 +331,26 @@ def test_sync_reaches_an_untied_head_in_bf16(policy, tmp_path):
     assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():  # a confident head (random init is near-uniform), so the change shows
         model.lm_head.weight.mul_(HEAD_GAIN)
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     engine = build_engine("vllm", model, tok, model_path=str(tmp_path), max_batch=2, max_model_len=MAX_LEN,
                           dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=64 << 20)
     try:
-        gaps = check_sync_round_trip(*_sync_round_trip(engine, model, _probe_sequence(tok)), dtype=torch.bfloat16)
+        states, references, expected = _sync_round_trip(engine, model, _probe_sequence(tok))
+        (check,) = _digest_check(engine, model)
     finally:
         engine.close()
-    print(f"untied bf16 mean |engine - trainer| log-prob gaps (nats/token): {gaps}")
+    # which path ran: the SGL kernels' set-up keeps the biases in fp32, oneDNN's leaves them bf16
+    bias = states["before"]["tensors"]["model.layers.0.self_attn.qkv_proj.bias"]
+    assert bias.dtype == held_bias_dtype(torch.bfloat16), (gemm, bias.dtype)
+    gaps = check_sync_round_trip(states, references, expected, dtype=torch.bfloat16, before="sync")
+    print(f"untied bf16 ({gemm} GEMM) mean |engine - trainer| log-prob gaps (nats/token): {gaps}; "
+          f"digest check: {check}")
+    readable = states["restored"]["tensors"]  # the same weights as the check saw (biases, norms, embedding)
+    assert check.differing == [] and check.equal == len(readable) and bias.numel() > 0, (check, sorted(readable))
 
 
 def test_the_cpu_worker_runs_inside_the_engine_core_process(vllm_engine):

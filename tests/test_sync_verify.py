@@ -59,27 +59,33 @@ def test_summary_lines_the_smoke_greps():
 
 
 def test_trainer_digests_equal_whole_tensor_digests_with_vocab_padding():
-    """The trainer side on a tied tiny Qwen2: each engine form (bf16 model, a bias held in fp32,
-    an embedding padded by 64 rows) digests like the whole tensor built from engine_probe's map."""
+    """The trainer side on a tied tiny Qwen2: each engine form (a bf16 tensor, a bias held in fp32,
+    an embedding padded by 64 rows) digests like the whole tensor built from engine_probe's map,
+    cast once to the engine's dtype as a sync leaves it (the fp32 bias: the trainer's fp32 values,
+    not rounded through bf16)."""
     from engine_probe import expected_engine_tensors
 
     from openrlhf_sgrpo import assets
     from openrlhf_sgrpo.engine.weight_check import tensor_digest
 
     model, _ = assets.tiny_qwen2(seed=5, layers=1)
+    with torch.no_grad():  # biases with more bits than bf16 keeps, so the two roundings differ
+        model.model.layers[0].self_attn.q_proj.bias.normal_(0.0, 0.1)
     expected = expected_engine_tensors(model)
     vocab, hidden = expected["model.embed_tokens.weight"].shape
     bf16, f32 = "torch.bfloat16", "torch.float32"
-    wanted = {"model.layers.0.self_attn.qkv_proj.bias": {((128,), bf16, f32)},
-              "model.layers.0.mlp.gate_up_proj.weight": {((256, 64), bf16, bf16)},
-              "lm_head.weight": {((vocab + 64, hidden), bf16, bf16)}}
+    wanted = {"model.layers.0.self_attn.qkv_proj.bias": {((128,), f32)},
+              "model.layers.0.mlp.gate_up_proj.weight": {((256, 64), bf16)},
+              "lm_head.weight": {((vocab + 64, hidden), bf16)}}
     ours = trainer_digests(model, wanted, SimpleNamespace(ds=SimpleNamespace(zero_stage=0)), digest=True)
     assert len(ours) == 3
-    qkv = ours[("model.layers.0.self_attn.qkv_proj.bias", (128,), bf16, f32)]
-    assert qkv == ((128,), f32, tensor_digest(expected["model.layers.0.self_attn.qkv_proj.bias"].bfloat16().float()))
-    gate_up = ours[("model.layers.0.mlp.gate_up_proj.weight", (256, 64), bf16, bf16)]
+    bias = expected["model.layers.0.self_attn.qkv_proj.bias"]
+    qkv = ours[("model.layers.0.self_attn.qkv_proj.bias", (128,), f32)]
+    assert qkv == ((128,), f32, tensor_digest(bias.float()))
+    assert qkv[2] != tensor_digest(bias.bfloat16().float())
+    gate_up = ours[("model.layers.0.mlp.gate_up_proj.weight", (256, 64), bf16)]
     assert gate_up[2] == tensor_digest(expected["model.layers.0.mlp.gate_up_proj.weight"].bfloat16())
-    head = ours[("lm_head.weight", (vocab + 64, hidden), bf16, bf16)]
+    head = ours[("lm_head.weight", (vocab + 64, hidden), bf16)]
     padded = torch.cat([expected["model.embed_tokens.weight"].bfloat16(), torch.zeros(64, hidden, dtype=torch.bfloat16)])
     assert head == ((vocab + 64, hidden), bf16, tensor_digest(padded))
     # a rank that does not digest runs the same gathers and returns nothing

@@ -126,10 +126,17 @@ def engine_sources(hf_names: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def as_engine_holds(tensor: torch.Tensor, model_dtype: torch.dtype, engine_dtype: torch.dtype) -> torch.Tensor:
-    """The trainer's tensor as vLLM stores it: rounded to the engine's model dtype on load, then
-    held in the parameter's own dtype (vLLM's AMX CPU path keeps biases in fp32 after rounding)."""
-    return tensor.detach().to(model_dtype).to(engine_dtype)
+def as_engine_holds(tensor: torch.Tensor, engine_dtype: torch.dtype) -> torch.Tensor:
+    """The trainer's tensor as a sync leaves it in an engine parameter of ``engine_dtype``: vLLM's
+    loader copies what it is sent into the parameter, one cast from the sent dtype.
+
+    Not "rounded to the model dtype, then held in the parameter's": the two differ where a
+    parameter is kept in another dtype than the model's, and a sync then does not round through
+    the model dtype. vLLM's CPU build on a Xeon with AMX holds the biases of its SGL-kernel Linears
+    in fp32 in a bf16 model: the first load rounds them to bf16, a reload copies the trainer's fp32
+    values as they are (measured with that kernel path forced on an AVX-512 BF16 EPYC,
+    ``tests/test_engines.py``)."""
+    return tensor.detach().to(engine_dtype)
 
 
 def vocab_padding(name: str, engine_shape: Sequence[int], rows: int) -> int:
@@ -161,8 +168,7 @@ def engine_parameters(model) -> list[tuple[str, torch.Tensor]]:
 
 def worker_weight_digests(worker) -> dict:
     """Inside a vLLM worker (``collective_rpc`` passes the worker first): every parameter's
-    ``(shape, dtype, digest)`` under vLLM's names, computed on the worker's device, plus the model
-    dtype the engine rounds to. vLLM's CPU build repacks Linear weights for its kernels and leaves
+    ``(shape, dtype, digest)`` under vLLM's names, computed on the worker's device. vLLM's CPU build repacks Linear weights for its kernels and leaves
     their parameters empty: those are listed as unreadable. The LM head is read as
     ``lm_head.weight`` even where it is tied to the embedding (``named_parameters`` lists a shared
     parameter once, under the embedding's name)."""
@@ -173,7 +179,7 @@ def worker_weight_digests(worker) -> dict:
                 unreadable.append(name)
                 continue
             tensors[name] = (tuple(param.shape), str(param.dtype), tensor_digest(param))
-    return {"model_dtype": str(worker.model_config.dtype), "tensors": tensors, "unreadable": sorted(unreadable)}
+    return {"tensors": tensors, "unreadable": sorted(unreadable)}
 
 
 def differing(engine: dict[str, tuple], trainer: dict[str, tuple]) -> list[str]:

@@ -136,7 +136,7 @@ def _gather_ctx(args: Any, model: torch.nn.Module, params: list) -> contextlib.A
 
 
 def trainer_digests(model: torch.nn.Module, wanted: dict[str, set[tuple]], args: Any, digest: bool) -> dict:
-    """``{(vLLM name, engine shape, model dtype, engine dtype): (shape, dtype, digest)}`` of the
+    """``{(vLLM name, engine shape, engine dtype): (shape, dtype, digest)}`` of the
     trainer's tensors in each engine form in ``wanted`` (keyed by vLLM name). Every rank runs the
     same gathers in the same order (they are collectives); only a rank with ``digest`` computes."""
     params = dict(model.named_parameters())
@@ -148,9 +148,8 @@ def trainer_digests(model: torch.nn.Module, wanted: dict[str, set[tuple]], args:
                 if not digest:
                     continue
                 for form in wanted.get(vllm_name, ()):
-                    engine_shape, model_dtype, engine_dtype = form
-                    model_d, engine_d = dtype_of(model_dtype), dtype_of(engine_dtype)
-                    parts = [as_engine_holds(p.data, model_d, engine_d) for p in group]
+                    engine_shape, engine_dtype = form
+                    parts = [as_engine_holds(p.data, dtype_of(engine_dtype)) for p in group]
                     rows = sum(p.shape[0] for p in parts) if parts[0].dim() else 0
                     pad = vocab_padding(vllm_name, engine_shape, rows)
                     if pad:  # vLLM pads the vocabulary with zero rows
@@ -160,6 +159,29 @@ def trainer_digests(model: torch.nn.Module, wanted: dict[str, set[tuple]], args:
     return out
 
 
+def wanted_forms(reports: list[dict]) -> dict[str, set[tuple]]:
+    """Every ``(engine shape, engine dtype)`` the engines hold each vLLM name in."""
+    wanted: dict[str, set[tuple]] = {}
+    for report in reports:
+        for name, (shape, dtype, _) in report["tensors"].items():
+            wanted.setdefault(name, set()).add((tuple(shape), dtype))
+    return wanted
+
+
+def compare_reports(reports: list[dict], ours: dict) -> list[EngineCheck]:
+    """Each engine's report (:func:`worker_weight_digests`) against the trainer's digests in the
+    same forms (:func:`trainer_digests`)."""
+    checks = []
+    for report in reports:
+        mine = {name: ours[(name, tuple(shape), dtype)]
+                for name, (shape, dtype, _) in report["tensors"].items()
+                if (name, tuple(shape), dtype) in ours}
+        bad = differing(report["tensors"], mine)
+        checks.append(EngineCheck(equal=len(report["tensors"]) - len(bad), unreadable=len(report["unreadable"]),
+                                  differing=bad))
+    return checks
+
+
 def check_engines(model: torch.nn.Module, engines: list, args: Any, sync: int) -> SyncCheck | None:
     """Compare what every engine holds with ``model`` (the trainer's whole model, or its ZeRO-3
     partitions on this rank). Collective over the trainer's ranks; rank 0 returns the result, the
@@ -167,22 +189,10 @@ def check_engines(model: torch.nn.Module, engines: list, args: Any, sync: int) -
     start = time.perf_counter()
     rank0 = _rank() == 0
     reports = engine_reports(engines) if rank0 else []
-    wanted: dict[str, set[tuple]] = {}
-    for report in reports:
-        for name, (shape, dtype, _) in report["tensors"].items():
-            wanted.setdefault(name, set()).add((tuple(shape), report["model_dtype"], dtype))
-    ours = trainer_digests(model, wanted, args, digest=rank0)
+    ours = trainer_digests(model, wanted_forms(reports), args, digest=rank0)
     if not rank0:
         return None
-    checks = []
-    for report in reports:
-        mine = {name: ours[(name, tuple(shape), report["model_dtype"], dtype)]
-                for name, (shape, dtype, _) in report["tensors"].items()
-                if (name, tuple(shape), report["model_dtype"], dtype) in ours}
-        bad = differing(report["tensors"], mine)
-        checks.append(EngineCheck(equal=len(report["tensors"]) - len(bad), unreadable=len(report["unreadable"]),
-                                  differing=bad))
-    return SyncCheck(sync=sync, engines=checks, seconds=time.perf_counter() - start)
+    return SyncCheck(sync=sync, engines=compare_reports(reports, ours), seconds=time.perf_counter() - start)
 
 
 def _agree(check: SyncCheck | None) -> str | None:

@@ -1,11 +1,14 @@
-"""Imported at start-up by every Python process of the test's Ray cluster (it is on PYTHONPATH).
+"""Imported at start-up by every Python process of the test's Ray cluster (it is on PYTHONPATH), and
+by a vLLM engine process a test starts with it on PYTHONPATH.
 
-Two test-only jobs, neither touching CUDA:
+Three test-only jobs, none touching CUDA:
 - the GPU-only import stubs of ``openrlhf_sgrpo/testing.py`` (``vllm``, ``flash_attn``), which cannot
   cross process borders any other way;
 - a recorder of every ``torch.cuda`` device probe with the ``CUDA_VISIBLE_DEVICES`` value it saw,
   so a test can tell a probe made before Ray assigned the process its GPUs (the bug of a worker
-  setup hook) from one made after. Read it with ``import sitecustomize; sitecustomize.CUDA_PROBES``.
+  setup hook) from one made after. Read it with ``import sitecustomize; sitecustomize.CUDA_PROBES``;
+- with ``SGRPO_TEST_VLLM_GEMM=amx``, vLLM's CPU GEMM dispatch as on a Xeon with AMX
+  (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``), set as vLLM's dispatch module is imported.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ def _instrument(cuda) -> None:
         setattr(cuda, name, probe)
 
 
-class _InstrumentTorchOnImport(importlib.abc.MetaPathFinder):
-    """Wraps ``torch.cuda``'s probes right after ``import torch`` finishes (before any user code)."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after ``import <name>`` finishes (before any user code uses it)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         try:
@@ -51,11 +57,11 @@ class _InstrumentTorchOnImport(importlib.abc.MetaPathFinder):
             return None
         exec_module = spec.loader.exec_module
 
-        def exec_then_instrument(module):
+        def exec_then(module):
             exec_module(module)
-            _instrument(module.cuda)
+            self.then(module)
 
-        spec.loader.exec_module = exec_then_instrument
+        spec.loader.exec_module = exec_then
         return spec
 
 
@@ -66,10 +72,16 @@ def _install() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.install_gpu_import_stubs()
-    if "torch" in sys.modules:
-        _instrument(sys.modules["torch"].cuda)
+    _after_import("torch", lambda torch: _instrument(torch.cuda))
+    if module.vllm_gemm_choice() == "amx":
+        _after_import(module.VLLM_GEMM_DISPATCH, module.dispatch_gemm_as_on_amx)
+
+
+def _after_import(name: str, then) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _InstrumentTorchOnImport())
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 _install()
