@@ -17,12 +17,17 @@ under every shift.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
 
 from openrlhf_sgrpo.openrlhf_ext.gpu_import_standins import GPU_ONLY_MODULES, VLLM_SAMPLING_DEFAULTS, install
 
-__all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "dispatch_gemm_as_on_amx", "install_gpu_import_stubs",
-           "seed_shift", "shifted_seed"]
+__all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "after_import", "dispatch_gemm_as_on_amx",
+           "install_gpu_import_stubs", "install_vllm_gemm_choice", "seed_shift", "shifted_seed", "vllm_gemm_choice"]
 
 SEED_SHIFT_ENV = "SGRPO_TEST_SEED_SHIFT"
 GEMM_ENV = "SGRPO_TEST_VLLM_GEMM"
@@ -83,3 +88,44 @@ def dispatch_gemm_as_on_amx(dispatch_module) -> None:
 
     check_cpu_sgl_kernel.__wrapped_rule__ = rule
     dispatch_module.check_cpu_sgl_kernel = check_cpu_sgl_kernel
+
+
+def install_vllm_gemm_choice() -> None:
+    """What the test sites' ``sitecustomize`` runs at a process's start: with
+    ``SGRPO_TEST_VLLM_GEMM=amx``, vLLM's dispatch as on AMX once vLLM's dispatch module is imported."""
+    if vllm_gemm_choice() == "amx":
+        after_import(VLLM_GEMM_DISPATCH, dispatch_gemm_as_on_amx)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after ``import <name>`` finishes (before any user code uses it)."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_then
+        return spec
+
+
+def after_import(name: str, then: Callable[[ModuleType], None]) -> None:
+    """``then(module)`` now if ``name`` is imported, else as soon as it is."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))

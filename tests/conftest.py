@@ -18,15 +18,15 @@ import pytest
 
 from openrlhf_sgrpo.testing import GPU_ONLY_MODULES, install_gpu_import_stubs, vllm_gemm_choice  # noqa: F401
 
-TEST_SITE = Path(__file__).with_name("ray_worker_site")  # its sitecustomize runs in every process started with it
+GEMM_SITE = Path(__file__).with_name("gemm_site")  # its sitecustomize runs in every process started with it
 
 
 def pytest_configure(config) -> None:
-    """With ``SGRPO_TEST_VLLM_GEMM`` set, the test site goes on ``PYTHONPATH`` before any process is
-    started (xdist's workers, engines, Ray), so its sitecustomize sets vLLM's dispatch in each; a
-    bad value stops the run here."""
-    if vllm_gemm_choice() and str(TEST_SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TEST_SITE), os.environ.get("PYTHONPATH")]))
+    """With ``SGRPO_TEST_VLLM_GEMM`` set, ``tests/gemm_site`` goes on ``PYTHONPATH`` before any
+    process is started (xdist's workers, engines; the Ray cluster's own site does the same), so its
+    sitecustomize sets vLLM's dispatch in each; a bad value stops the run here."""
+    if vllm_gemm_choice() and str(GEMM_SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GEMM_SITE), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ checked on two things that say what is meant:
 
 - **the tensors**, exactly: every tensor the engine's model still holds in readable form
   (:func:`openrlhf_sgrpo.engine.weight_sync.read_worker_weights`: embedding, norms, biases, the LM
-  head) equals the trainer's, rounded to the engine's dtype as vLLM rounds it on load. vLLM's CPU
+  head) equals the trainer's as that load leaves it (:func:`as_loaded`: a first load and a sync
+  round differently where a parameter is held in another dtype than the model's). vLLM's CPU
   build repacks Linear weights (their parameters read back empty), so those are covered by
 - **the function**: teacher-forced log-probs of a fixed sequence (``prompt_logprobs``, one
   prefill, prefix cache reset first) against the trainer's own fp32 forward of the same weights,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cluster_world import WORKER_SITE, scramble_
+from cluster_world import scramble_
 from engine_probe import check_sync_round_trip, held_bias_dtype, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from shm_check import left_behind, live_names, process_state, shm_files, socket_files
@@ -29,6 +29,8 @@ from openrlhf_sgrpo.engine import build_engine, vllm_unavailable_reason
 from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import leftover_files
 from openrlhf_sgrpo.testing import GEMM_ENV
+
+GEMM_SITE = Path(__file__).with_name("gemm_site")
 
 _NO_VLLM = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow,
@@ -263,14 +265,14 @@ def test_a_sync_that_misses_a_tensor_raises(vllm_engine, policy, monkeypatch):
 
 def _gemm_as_on_amx(monkeypatch) -> None:
     """vLLM's CPU GEMM dispatch as on a Xeon with AMX, in the engine process this test starts next
-    (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``, installed there by the test site's
+    (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``, installed there by ``tests/gemm_site``'s
     sitecustomize), or a skip that says why it is not needed or cannot run here."""
     if torch.cpu._is_amx_tile_supported():
         pytest.skip("this processor has AMX: the 'processor' case already runs vLLM's AMX dispatch")
     if not torch.cpu._is_avx512_bf16_supported():
         pytest.skip("vLLM's SGL GEMM kernels (an AMX Xeon's path) need AVX-512 BF16, which this processor lacks")
     monkeypatch.setenv(GEMM_ENV, "amx")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(GEMM_SITE), os.environ.get("PYTHONPATH")])))
 
 
 def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
@@ -284,14 +286,16 @@ def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
     from openrlhf_sgrpo.testing import dispatch_gemm_as_on_amx, vllm_gemm_choice
 
     probe = torch.cpu._is_amx_tile_supported
-    module = SimpleNamespace(check_cpu_sgl_kernel=dispatch.check_cpu_sgl_kernel)  # vLLM's module stays as it is
+    # vLLM's own rule (already switched in this process when the whole run is under the variable)
+    vllms = getattr(dispatch.check_cpu_sgl_kernel, "__wrapped_rule__", dispatch.check_cpu_sgl_kernel)
+    module = SimpleNamespace(check_cpu_sgl_kernel=vllms)
     dispatch_gemm_as_on_amx(module)
     dispatch_gemm_as_on_amx(module)
     rule = module.check_cpu_sgl_kernel
-    assert rule.__wrapped_rule__ is dispatch.check_cpu_sgl_kernel
+    assert rule.__wrapped_rule__ is vllms
     assert rule(128, 64, torch.bfloat16) and rule(64, 64, torch.bfloat16)
     assert not rule(128, 64, torch.float32) and not rule(4096, 4096, torch.bfloat16)  # 32 MiB: oneDNN on AMX too
-    assert dispatch.check_cpu_sgl_kernel(128, 64, torch.bfloat16) == probe()  # the real rule, unchanged
+    assert vllms(128, 64, torch.bfloat16) == probe()  # the rule itself is unchanged
     assert torch.cpu._is_amx_tile_supported is probe
     monkeypatch.setenv(GEMM_ENV, "sgl")
     with pytest.raises(ValueError, match="SGRPO_TEST_VLLM_GEMM must be one of .*'sgl'"):

@@ -1,5 +1,4 @@
-"""Imported at start-up by every Python process of the test's Ray cluster (it is on PYTHONPATH), and
-by a vLLM engine process a test starts with it on PYTHONPATH.
+"""Imported at start-up by every Python process of the test's Ray cluster (it is on PYTHONPATH).
 
 Three test-only jobs, none touching CUDA:
 - the GPU-only import stubs of ``openrlhf_sgrpo/testing.py`` (``vllm``, ``flash_attn``), which cannot
@@ -8,16 +7,14 @@ Three test-only jobs, none touching CUDA:
   so a test can tell a probe made before Ray assigned the process its GPUs (the bug of a worker
   setup hook) from one made after. Read it with ``import sitecustomize; sitecustomize.CUDA_PROBES``;
 - with ``SGRPO_TEST_VLLM_GEMM=amx``, vLLM's CPU GEMM dispatch as on a Xeon with AMX
-  (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``), set as vLLM's dispatch module is imported.
+  (``openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx``), as ``tests/gemm_site`` sets it elsewhere.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 PROBE_FUNCTIONS = ("device_count", "is_available", "current_device", "set_device", "get_device_properties",
@@ -39,32 +36,6 @@ def _instrument(cuda) -> None:
         setattr(cuda, name, probe)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` right after ``import <name>`` finishes (before any user code uses it)."""
-
-    def __init__(self, name: str, then) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_then(module):
-            exec_module(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_then
-        return spec
-
-
 def _install() -> None:
     # By file location: sitecustomize runs before the worker's sys.path holds the repository.
     stubs = Path(__file__).resolve().parents[2] / "openrlhf_sgrpo" / "testing.py"
@@ -72,16 +43,8 @@ def _install() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.install_gpu_import_stubs()
-    _after_import("torch", lambda torch: _instrument(torch.cuda))
-    if module.vllm_gemm_choice() == "amx":
-        _after_import(module.VLLM_GEMM_DISPATCH, module.dispatch_gemm_as_on_amx)
-
-
-def _after_import(name: str, then) -> None:
-    if name in sys.modules:
-        then(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
+    module.after_import("torch", lambda torch: _instrument(torch.cuda))
+    module.install_vllm_gemm_choice()
 
 
 _install()
