@@ -7,19 +7,6 @@ No import stand-ins here: those belong to the Ray cluster's site (``tests/ray_wo
 does the same where it is first on the path.
 """
 
-from __future__ import annotations
+from openrlhf_sgrpo.testing import install_vllm_gemm_choice
 
-import importlib.util
-from pathlib import Path
-
-
-def _install() -> None:
-    # By file location, as the Ray site does: the repository need not be on sys.path yet.
-    testing = Path(__file__).resolve().parents[2] / "openrlhf_sgrpo" / "testing.py"
-    spec = importlib.util.spec_from_file_location("_sgrpo_test_gemm", testing)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.install_vllm_gemm_choice()
-
-
-_install()
+install_vllm_gemm_choice()
