@@ -168,8 +168,9 @@ def engine_parameters(model) -> list[tuple[str, torch.Tensor]]:
 
 def worker_weight_digests(worker) -> dict:
     """Inside a vLLM worker (``collective_rpc`` passes the worker first): every parameter's
-    ``(shape, dtype, digest)`` under vLLM's names, computed on the worker's device. vLLM's CPU build repacks Linear weights for its kernels and leaves
-    their parameters empty: those are listed as unreadable. The LM head is read as
+    ``(shape, dtype, digest)`` under vLLM's names, computed on the worker's device. vLLM's CPU
+    build repacks Linear weights for its kernels and leaves their parameters empty: those are
+    listed as unreadable. The LM head is read as
     ``lm_head.weight`` even where it is tied to the embedding (``named_parameters`` lists a shared
     parameter once, under the embedding's name)."""
     tensors, unreadable = {}, []
