@@ -27,7 +27,8 @@ from types import ModuleType
 from openrlhf_sgrpo.openrlhf_ext.gpu_import_standins import GPU_ONLY_MODULES, VLLM_SAMPLING_DEFAULTS, install
 
 __all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "after_import", "dispatch_gemm_as_on_amx",
-           "install_gpu_import_stubs", "install_vllm_gemm_choice", "seed_shift", "shifted_seed", "vllm_gemm_choice"]
+           "install_gpu_import_stubs", "install_vllm_gemm_choice", "pythonpath_led_by", "seed_shift", "shifted_seed",
+           "vllm_gemm_choice"]
 
 SEED_SHIFT_ENV = "SGRPO_TEST_SEED_SHIFT"
 GEMM_ENV = "SGRPO_TEST_VLLM_GEMM"
@@ -39,6 +40,15 @@ VLLM_GEMM_DISPATCH = "vllm.model_executor.layers.utils"
 def install_gpu_import_stubs() -> None:
     """Put import-only stand-ins for vllm/flash_attn in sys.modules (idempotent)."""
     install(only_missing=True)
+
+
+def pythonpath_led_by(folder: str | os.PathLike, pythonpath: str | None) -> str:
+    """``pythonpath`` with ``folder`` first (once): a process started with it imports that folder's
+    ``sitecustomize`` (the first one on the path wins), which is how the tests' sites reach every
+    process they start (xdist workers, vLLM engines, Ray workers)."""
+    first = os.fspath(folder)
+    rest = [entry for entry in (pythonpath or "").split(os.pathsep) if entry and entry != first]
+    return os.pathsep.join([first, *rest])
 
 
 def seed_shift() -> int:

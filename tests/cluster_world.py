@@ -34,6 +34,7 @@ from fitted_policy import fitted_policy_dir
 from shm_check import shm_files
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
+from openrlhf_sgrpo.testing import pythonpath_led_by
 
 NO_VLLM = vllm_unavailable_reason()
 
@@ -115,7 +116,7 @@ def cluster(args, request):
     saved_env = dict(os.environ)
     restore = [*DRIVER_REPLACEMENTS, ENGINE_FACTORY]
     upstream = {key: getattr(importlib.import_module(key[0]), key[1]) for key in restore}
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = pythonpath_led_by(WORKER_SITE, os.environ.get("PYTHONPATH"))
     # vLLM's CPU build: a 1 GiB KV cache, threads not pinned (forwarded to the workers by start_ray)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_sgrpo.testing import GPU_ONLY_MODULES, install_gpu_import_stubs, vllm_gemm_choice  # noqa: F401
+from openrlhf_sgrpo.testing import (  # noqa: F401
+    GPU_ONLY_MODULES,
+    install_gpu_import_stubs,
+    pythonpath_led_by,
+    vllm_gemm_choice,
+)
 
 GEMM_SITE = Path(__file__).with_name("gemm_site")  # its sitecustomize runs in every process started with it
 
@@ -25,8 +30,8 @@ def pytest_configure(config) -> None:
     """With ``SGRPO_TEST_VLLM_GEMM`` set, ``tests/gemm_site`` goes on ``PYTHONPATH`` before any
     process is started (xdist's workers, engines; the Ray cluster's own site does the same), so its
     sitecustomize sets vLLM's dispatch in each; a bad value stops the run here."""
-    if vllm_gemm_choice() and str(GEMM_SITE) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GEMM_SITE), os.environ.get("PYTHONPATH")]))
+    if vllm_gemm_choice():
+        os.environ["PYTHONPATH"] = pythonpath_led_by(GEMM_SITE, os.environ.get("PYTHONPATH"))
 
 
 @pytest.fixture(scope="session")

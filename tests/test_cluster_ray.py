@@ -50,6 +50,8 @@ from engine_probe import check_sync_round_trip, held_bias_dtype, state_in_rollou
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 from shm_check import left_behind, socket_files
 
+from openrlhf_sgrpo.testing import pythonpath_led_by
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("openrlhf_gpu_stubs")]
 # workdir, policy_dir, services, agent_func_path, cluster, engines, shm_before_engines: this
 # module's own (module-scoped), built on this module's ``args``
@@ -209,7 +211,7 @@ def test_worker_start_code_is_checked_with_cuda_probes_instrumented():
     def probes_at_worker_start(start_code: str) -> list:
         code = f"import json, sitecustomize\n{start_code}\nprint(json.dumps(sitecustomize.CUDA_PROBES))\n"
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER_SITE), os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = pythonpath_led_by(WORKER_SITE, os.environ.get("PYTHONPATH"))
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])

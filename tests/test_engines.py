@@ -28,7 +28,7 @@ from agent_env.templates import build_prompt
 from openrlhf_sgrpo.engine import build_engine, vllm_unavailable_reason
 from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import leftover_files
-from openrlhf_sgrpo.testing import GEMM_ENV
+from openrlhf_sgrpo.testing import GEMM_ENV, pythonpath_led_by
 
 GEMM_SITE = Path(__file__).with_name("gemm_site")
 
@@ -272,7 +272,7 @@ def _gemm_as_on_amx(monkeypatch) -> None:
     if not torch.cpu._is_avx512_bf16_supported():
         pytest.skip("vLLM's SGL GEMM kernels (an AMX Xeon's path) need AVX-512 BF16, which this processor lacks")
     monkeypatch.setenv(GEMM_ENV, "amx")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(GEMM_SITE), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", pythonpath_led_by(GEMM_SITE, os.environ.get("PYTHONPATH")))
 
 
 def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
@@ -300,6 +300,17 @@ def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
     monkeypatch.setenv(GEMM_ENV, "sgl")
     with pytest.raises(ValueError, match="SGRPO_TEST_VLLM_GEMM must be one of .*'sgl'"):
         vllm_gemm_choice()
+
+
+def test_a_site_goes_first_on_pythonpath_once():
+    """The first ``sitecustomize`` on the path is the one a process runs, so a test site must lead
+    the path, and putting it there twice must not grow it."""
+    sep = os.pathsep
+    assert pythonpath_led_by(GEMM_SITE, None) == str(GEMM_SITE)
+    assert pythonpath_led_by(GEMM_SITE, "") == str(GEMM_SITE)
+    assert pythonpath_led_by(GEMM_SITE, f"/a{sep}{GEMM_SITE}{sep}/b") == f"{GEMM_SITE}{sep}/a{sep}/b"
+    once = pythonpath_led_by(GEMM_SITE, "/a")
+    assert pythonpath_led_by(GEMM_SITE, once) == once == f"{GEMM_SITE}{sep}/a"
 
 
 def _digest_check(engine, model) -> list:

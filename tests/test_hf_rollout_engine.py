@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from openrlhf_sgrpo import assets
+from openrlhf_sgrpo.testing import pythonpath_led_by
 
 pytestmark = pytest.mark.usefixtures("openrlhf_gpu_stubs")
 
@@ -179,7 +180,7 @@ def test_weights_arrive_over_cuda_ipc_as_openrlhf_sends_them(policy_dir, tmp_pat
         handles.append((name, weight.dtype, weight.shape, {get_physical_gpu_id(): reduce_tensor(weight)}))
     torch.cuda.synchronize()
     (tmp_path / "handles.pkl").write_bytes(pickle.dumps(handles))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": pythonpath_led_by(REPO, os.environ.get("PYTHONPATH"))}
     proc = subprocess.run([sys.executable, "-c", RECEIVER, str(policy_dir), AGENT_FILE, str(tmp_path / "handles.pkl"),
                            str(tmp_path / "got.pt")], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
