@@ -18,11 +18,13 @@ test can stop agents between a tool call and its observation by construction.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import threading
 import time
 import urllib.request
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -281,15 +283,65 @@ def stale_experiences(batch, option_args, tokenizer, nearby) -> list:
 
 # ------------------------------------------------------------------------- experience helpers
 
+_FORWARDS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _digest(value) -> object:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        return (tuple(t.shape), str(t.dtype), hashlib.sha1(t.numpy().tobytes()).hexdigest())
+    return repr(value)
+
+
+def _detached_copy(out):
+    """Log-probs, or (log-probs, HF output) as ``return_output=True`` gives them: detached copies,
+    the output without its logits (``[batch, length, 152k]`` floats)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach().clone()
+    log_probs, output = out
+    output = copy.copy(output)
+    for k in list(output.keys()):
+        output[k] = None if k == "logits" else (
+            output[k].detach().clone() if isinstance(output[k], torch.Tensor) else output[k])
+    return _detached_copy(log_probs), output
+
+
+def forward_once(actor):
+    """OpenRLHF's ``Actor`` (as built here) whose forward runs once per model, temperature and
+    input, then answers from memory. The option tests send the same samples through the same two
+    read-only models (``fitted``, ``nearby``) under a dozen option sets, and each forward over the
+    152k-token vocabulary costs ~0.4 s a sample on 2 cores: what they vary happens after it (the KL
+    terms, the IS correction, the losses). The first call of each kind is the real one; an answer
+    from memory is a detached copy of it, without the logits (``training_step`` reads only the
+    output's ``aux_loss`` and ``entropy``). A weight changed in place makes a new key."""
+    memo = _FORWARDS.setdefault(actor.model, {})
+    real = actor.forward
+    # an in-place change of a weight bumps its version: a changed model is a new key
+    weights = lambda: tuple(p._version for p in actor.model.parameters())
+
+    def forward(*args, **kwargs):
+        key = (weights(), actor.temperature, actor.training, torch.is_grad_enabled(),
+               tuple(_digest(a) for a in args), tuple(sorted((k, _digest(v)) for k, v in kwargs.items())))
+        if key in memo:
+            return _detached_copy(memo[key])
+        out = real(*args, **kwargs)
+        memo[key] = _detached_copy(out)
+        return out
+
+    actor.forward = forward
+    return actor
+
+
 class CpuForwardGroup:
     """Where ``make_experience`` dispatches to the actor / reference ``RayActorGroup``: the same
     forward as ``PolicyModelActor.forward`` (OpenRLHF's ``Actor`` in eval mode, no grad, the
-    rollout temperature), run in this process on CPU; results come back through the object store."""
+    rollout temperature), run in this process on CPU (once per input: :func:`forward_once`);
+    results come back through the object store."""
 
     def __init__(self, model, temperature: float) -> None:
         from openrlhf.models import Actor
 
-        self.actor = Actor(model, temperature=temperature)
+        self.actor = forward_once(Actor(model, temperature=temperature))
         self.actor.packing_samples = False  # set only when Actor loads the model itself
 
     def async_run_method_batch(self, method_name: str, sequences, action_mask, attention_mask, **_):
@@ -717,7 +769,7 @@ def cpu_training_step(args, model, experiences, kl_coef: float = 0.0) -> tuple[d
                                backward=lambda loss, m, o: losses.append(loss.detach()),
                                optimizer_step=lambda *a, **k: None, get_grad_norm=lambda m: 0.0,
                                all_reduce=lambda x: x, is_rank_0=lambda: True)
-    actor = Actor(model, temperature=args.rollout.temperature)
+    actor = forward_once(Actor(model, temperature=args.rollout.temperature))
     actor.packing_samples = False
     optim = torch.optim.SGD(model.parameters(), lr=0.0)
     saved = (ppo_actor.torch_dist_barrier_and_cuda_sync, ppo_actor.NaiveReplayBuffer)
