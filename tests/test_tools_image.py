@@ -91,6 +91,37 @@ def test_build_sh_with_a_wrong_suite_is_our_error(engine, tmp_path):
     assert "404" in proc.stderr and "DEBIAN_SUITE" in proc.stderr
 
 
+def recipe_of(image: str) -> str:
+    proc = run(["docker", "image", "inspect", image, "--format", '{{index .Config.Labels "sgrpo.recipe"}}'],
+               timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.slow
+def test_build_sh_keeps_its_own_image_and_rebuilds_another_recipes(engine, tmp_path):
+    """CI's engine keeps its images between runs (scripts/docker_ci.sh), so an image can outlive the
+    build.sh that made it: build.sh keeps an image its own recipe labelled and rebuilds one that
+    another recipe (an older build.sh) labelled. From the cached rootfs tarball: no debootstrap."""
+    from docker_images import sandbox_image
+
+    ours = recipe_of(sandbox_image())
+    probe = "sgrpo-buildsh-probe:recipe"
+    (tmp_path / "Dockerfile").write_text(f"FROM {sandbox_image()}\nLABEL sgrpo.recipe=an-older-recipe\n")
+    made = run(["docker", "build", "-q", "--network=none", "-t", probe, str(tmp_path)], timeout=300)
+    assert made.returncode == 0, made.stderr
+    try:
+        env = {**docker_env(), "SANDBOX_IMAGE": probe}
+        rebuilt = run([str(BUILD_SH)], timeout=600, env=env)
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        assert f"made by another recipe (an-older-recipe, now {ours})" in rebuilt.stdout
+        assert recipe_of(probe) == ours
+        kept = run([str(BUILD_SH)], timeout=120, env=env)
+        assert kept.returncode == 0 and "already present" in kept.stdout, kept.stdout + kept.stderr
+    finally:
+        run(["docker", "rmi", "-f", probe], timeout=120)
+
+
 # ---------------------------------------------------------------- the tools image
 @pytest.fixture
 def containers():

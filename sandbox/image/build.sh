@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the sandbox image with no registry access: debootstrap a minimal Debian rootfs from the
-# Debian mirror, cache it as a tarball, then `docker import` it. Idempotent: an existing image
-# is kept unless FORCE=1; a cached tarball skips debootstrap.
+# Debian mirror, cache it as a tarball, then `docker import` it. Idempotent: an image this recipe
+# made (its label sgrpo.recipe: the suite, the packages and this script) is kept unless FORCE=1,
+# one from another recipe is rebuilt; a cached tarball skips debootstrap.
 #   env: SANDBOX_IMAGE (sgrpo-sandbox:latest), SGRPO_CACHE (~/.cache/openrlhf-sgrpo),
 #        DEBIAN_SUITE (bookworm), DEBIAN_MIRROR (http://deb.debian.org/debian),
 #        EXTRA_PACKAGES (comma list, e.g. python3-numpy), FORCE (1 to rebuild)
@@ -17,6 +18,7 @@ MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES="python3-minimal,python3${EXTRA_PACKAGES:+,$EXTRA_PACKAGES}"
 TAG="$(echo "$SUITE-$PACKAGES" | md5sum | cut -c1-12)"
 TARBALL="$CACHE/sandbox-rootfs-$SUITE-$TAG.tar"
+RECIPE="$TAG-$(md5sum < "${BASH_SOURCE[0]}" | cut -c1-12)"
 EXIT_ENVIRONMENT=3
 
 missing() { echo "build.sh: environment: $*" >&2; exit "$EXIT_ENVIRONMENT"; }
@@ -43,9 +45,13 @@ check_mirror() {
 
 command -v docker >/dev/null || missing "no docker CLI (scripts/docker_ci.sh install)"
 docker version >/dev/null 2>&1 || missing "no Docker engine answers at ${DOCKER_HOST:-the default socket} (scripts/docker_ci.sh start)"
-if [ -z "${FORCE:-}" ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
-  echo "build.sh: image $IMAGE already present (FORCE=1 rebuilds)"
-  exit 0
+if [ -z "${FORCE:-}" ]; then
+  made_by="$(docker image inspect "$IMAGE" --format '{{index .Config.Labels "sgrpo.recipe"}}' 2>/dev/null || true)"
+  if [ "$made_by" = "$RECIPE" ]; then
+    echo "build.sh: image $IMAGE already present (FORCE=1 rebuilds)"
+    exit 0
+  fi
+  [ -z "$made_by" ] || echo "build.sh: image $IMAGE was made by another recipe ($made_by, now $RECIPE): rebuilding"
 fi
 mkdir -p "$CACHE" || fail "cannot create the cache folder $CACHE"
 if [ ! -s "$TARBALL" ] || [ -n "${FORCE:-}" ]; then
@@ -70,5 +76,6 @@ docker import \
   --change 'WORKDIR /work' \
   --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin HOME=/work LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1' \
   --change 'CMD ["sleep", "infinity"]' \
+  --change "LABEL sgrpo.recipe=$RECIPE" \
   "$TARBALL" "$IMAGE" || fail "docker import of $TARBALL failed"
 docker image inspect "$IMAGE" --format 'build.sh: built {{.Id}} ({{.Size}} bytes)'
