@@ -5,6 +5,9 @@ child process, the sandbox in others) and keeps the maximum of the current stage
 the demo really holds, not only its Python process. Two sums, because processes share pages:
 - RSS (``/proc/<pid>/statm``, every 20 ms) counts a shared page once *per process*: each of the
   demo and the engine maps ~0.3 GB of the same torch libraries, so the sum over-counts;
+  which processes are the descendants is re-read every 0.5 s, not at every sample: one walk reads
+  every thread's ``children`` list (~5 ms of CPU with ~100 threads, a quarter of a core at 50
+  walks a second on the 2-core machines the demo runs on; ``bench/stage_peaks.py``);
 - PSS (``/proc/<pid>/smaps_rollup``, every 0.5 s: the kernel walks the page tables to answer)
   splits a shared page between the processes mapping it, so the sum is what the machine holds
   (``smem``'s number). Sampled less often, its peak can miss a spike the RSS column sees.
@@ -30,6 +33,7 @@ from openrlhf_sgrpo.eval.table import format_table
 
 _STATM = Path("/proc/self/statm")
 _MB = 1 << 20
+TREE_EVERY = 25  # RSS samples per walk of the process tree (0.5 s at 20 ms)
 
 
 def descendants(pid: int) -> list[int]:
@@ -90,11 +94,12 @@ def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[f
     return _pages_mb(sum(_rss_pages(p) for p in pids)), _pss_sum_mb(pids)
 
 
-def _sample_mb(with_pss: bool) -> tuple[float, float, float]:
+def _sample_mb(with_pss: bool, kids: list[int] | None = None) -> tuple[float, float, float]:
     """(RSS of this process and its descendants, RSS of this process alone, their PSS or 0) in
-    MiB, from one walk of the process tree: the 20 ms samples, PSS only when asked."""
+    MiB: the 20 ms samples, PSS only when asked. ``kids``: the descendants from an earlier walk
+    (one that has ended since reads 0), else walked now."""
     own = os.getpid()
-    kids = descendants(own)
+    kids = descendants(own) if kids is None else kids
     own_pages = _rss_pages(own)
     tree_pages = own_pages + sum(_rss_pages(p) for p in kids)
     pss = _pss_sum_mb([own, *kids]) if with_pss else 0.0
@@ -112,7 +117,7 @@ class StagePeaks:
 
     PSS_EVERY = 25  # RSS samples per PSS sample (smaps_rollup costs a page-table walk)
 
-    def __init__(self, interval_s: float = 0.02):
+    def __init__(self, interval_s: float = 0.02, tree_every: int = TREE_EVERY):
         # (stage, wall s, peak RSS MiB, peak PSS MiB, peak RSS MiB of this process alone)
         self.rows: list[tuple[str, float, float, float, float]] = []
         self._name: str | None = None
@@ -123,6 +128,8 @@ class StagePeaks:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
+        self._kids: list[int] | None = None  # the descendants at the last walk
+        self._tree_every = tree_every
         if _STATM.exists():
             self._thread = threading.Thread(target=self._sample, args=(interval_s,), name="rss-sampler",
                                             daemon=True)
@@ -132,10 +139,12 @@ class StagePeaks:
         tick = 0
         while not self._stop.wait(interval_s):
             tick += 1
-            self._take(with_pss=tick % self.PSS_EVERY == 0)
+            self._take(with_pss=tick % self.PSS_EVERY == 0, walk=tick % self._tree_every == 0)
 
-    def _take(self, with_pss: bool) -> None:
-        tree, own, pss = _sample_mb(with_pss)
+    def _take(self, with_pss: bool, walk: bool = True) -> None:
+        if walk or self._kids is None:
+            self._kids = descendants(os.getpid())
+        tree, own, pss = _sample_mb(with_pss, self._kids)
         with self._lock:
             self._peak, self._own_peak = max(self._peak, tree), max(self._own_peak, own)
             self._pss_peak = max(self._pss_peak, pss)
