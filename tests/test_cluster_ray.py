@@ -241,28 +241,6 @@ def test_engines_are_openrlhfs_rollout_actor_on_real_vllm(cluster, engines):
     assert info["engine"] in ("AsyncLLM", "AsyncLLMEngine")
 
 
-@needs_vllm
-def test_sync_and_async_trainers_build_our_experience_maker(cluster, args, engines):
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
-    from openrlhf.utils import get_strategy
-
-    ray = cluster
-    strategy = get_strategy(args)
-    trainers = [PPOTrainer.remote(args.actor.model_name_or_path, strategy, None, None, None, None, engines,
-                                  **_trainer_kwargs(args))]
-    trainers.append(PPOTrainerAsync.remote(args.actor.model_name_or_path, strategy, None, None, None, None, engines,
-                                           **_trainer_kwargs(args)))
-    try:
-        assert ray.get(trainers[0].__ray_call__.remote(_maker_class)) == "StratifiedExperienceMaker"
-        assert ray.get(trainers[1].__ray_call__.remote(_async_training_actor_maker_class)) == \
-            "StratifiedExperienceMaker"
-        assert ray.get(trainers[0].get_max_steps.remote()) == 1  # 3 prompts x 4 samples, one batch of 12
-    finally:
-        for actor in trainers:
-            ray.kill(actor)
-
-
 def _check_engine_contract(raw: list[dict], tokenizer) -> None:
     """What the agent relies on from the engine, read off the finished trajectories."""
     check_engine_contract(raw, tokenizer, max_len=MAX_LEN, max_turns=MAX_TURNS, tokens_per_turn=TOKENS_PER_TURN)
@@ -312,7 +290,9 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, engine
     searches_before = requests.get(retriever.rsplit("/", 1)[0] + "/metrics", timeout=10).json()["queries"]
     trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
                                 **_trainer_kwargs(args))
-    try:
+    try:  # OpenRLHF's PPOTrainer built our experience maker; 3 prompts x 4 samples: one batch of 12
+        assert ray.get(trainer.__ray_call__.remote(_maker_class)) == "StratifiedExperienceMaker"
+        assert ray.get(trainer.get_max_steps.remote()) == 1
         raw, experiences = ray.get(trainer.__ray_call__.remote(_rollout_to_experiences))
     finally:
         ray.kill(trainer)
@@ -385,8 +365,8 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, engine
 
 @needs_vllm
 def test_async_trainer_generation_path_on_vllm(cluster, args, engines):
-    """PPOTrainerAsync's GenerateSamplesActor samples on the real engine; its TrainingActor's maker
-    (ours) turns the batch into stratified advantages."""
+    """PPOTrainerAsync's GenerateSamplesActor samples on the real engine; its TrainingActor builds
+    our experience maker, which turns the batch into stratified advantages."""
     from openrlhf.trainer.ppo_trainer import PPOTrainer  # noqa: F401 - the module train() imports first
     from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
     from openrlhf.utils import get_strategy
@@ -399,6 +379,7 @@ def test_async_trainer_generation_path_on_vllm(cluster, args, engines):
     trainer = PPOTrainerAsync.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None,
                                      engines, **_trainer_kwargs(args))
     try:
+        assert ray.get(trainer.__ray_call__.remote(_async_training_actor_maker_class)) == "StratifiedExperienceMaker"
         raw, consumed, experiences = ray.get(trainer.__ray_call__.remote(_async_rollout_to_experiences))
     finally:
         ray.kill(trainer)
@@ -416,7 +397,8 @@ def test_engine_reports_unfinished_requests_while_it_generates(cluster, engines,
     import vllm
 
     ray = cluster
-    params = vllm.SamplingParams(temperature=1.0, max_tokens=256, ignore_eos=True)
+    # 16 requests of 64 tokens: seconds of generation on 2 cores, polled every 50 ms
+    params = vllm.SamplingParams(temperature=1.0, max_tokens=64, ignore_eos=True)
     refs = [engines[0].generate.remote([100 + i, 200, 300], params) for i in range(16)]
     seen = 0
     while True:
@@ -425,7 +407,7 @@ def test_engine_reports_unfinished_requests_while_it_generates(cluster, engines,
         if len(done) == len(refs):
             break
         time.sleep(0.05)
-    assert all(len(o.outputs[0].token_ids) == 256 for o in ray.get(refs))
+    assert all(len(o.outputs[0].token_ids) == 64 for o in ray.get(refs))
     assert seen >= 1
     assert ray.get(engines[0].get_num_unfinished_requests.remote()) == 0
 
