@@ -98,10 +98,13 @@ stop_engine() {
   fi
 }
 
-# dockerd unmounts on a clean exit; this catches what a killed one left mounted under $1.
+# dockerd unmounts on a clean exit; this catches what a killed or failed one left mounted at $1
+# (it bind-mounts its data-root onto itself) or below it.
 unmount_under() {
   local m
-  for m in $(grep -o " $1/[^ ]*" /proc/self/mounts | sort -r); do umount -l "$m" 2>/dev/null || true; done
+  for m in $(awk -v root="$1" '$2 == root || index($2, root "/") == 1 {print $2}' /proc/self/mounts | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
   return 0
 }
 
