@@ -53,6 +53,13 @@ launch() {
   return 1
 }
 
+give_up() {
+  echo "docker_ci.sh: $1; last log lines:" >&2
+  tail -n 20 "$STATE/dockerd.log" >&2 || true
+  cmd_stop
+  exit 1
+}
+
 cmd_start() {
   need_root start
   if running; then echo "docker_ci.sh: dockerd already running (pid $(cat "$STATE/dockerd.pid"))"; return 0; fi
@@ -60,10 +67,7 @@ cmd_start() {
   mkdir -p "$STATE/exec" "$DATA"
   if ! launch; then
     if [ "$DATA" = "$STATE/data" ] || [ -z "$(ls -A "$DATA")" ]; then
-      echo "docker_ci.sh: dockerd failed to start; last log lines:" >&2
-      tail -n 20 "$STATE/dockerd.log" >&2 || true
-      cmd_stop
-      exit 1
+      give_up "dockerd failed to start"
     fi
     # a data-root a killed engine left unusable costs a rebuild, not the run
     echo "docker_ci.sh: dockerd did not start on the kept data-root $DATA; starting it empty" >&2
@@ -71,8 +75,7 @@ cmd_start() {
     stop_engine
     unmount_under "$DATA"
     rm -rf "$DATA" && mkdir -p "$DATA"
-    launch || { echo "docker_ci.sh: dockerd failed to start on an empty data-root; last log lines:" >&2
-                tail -n 20 "$STATE/dockerd.log" >&2 || true; cmd_stop; exit 1; }
+    launch || give_up "dockerd failed to start on an empty data-root"
   fi
   source "$STATE/env"
   docker container prune -f >/dev/null || true  # left by a killed run
@@ -110,11 +113,9 @@ unmount_under() {
 
 cmd_stop() {
   stop_engine
-  [ -d "$DATA" ] && unmount_under "$DATA"
-  if [ -d "$STATE" ]; then
-    unmount_under "$STATE"
-    rm -rf "$STATE"
-  fi
+  unmount_under "$DATA"
+  unmount_under "$STATE"
+  rm -rf "$STATE"
 }
 
 case "${1:-}" in

@@ -316,7 +316,6 @@ def forward_once(actor):
     output's ``aux_loss`` and ``entropy``). A weight changed in place makes a new key."""
     memo = _FORWARDS.setdefault(actor.model, {})
     real = actor.forward
-    # an in-place change of a weight bumps its version: a changed model is a new key
     weights = lambda: tuple(p._version for p in actor.model.parameters())
 
     def forward(*args, **kwargs):

@@ -94,12 +94,11 @@ def tree_memory_mb(pid: int | None = None, include_self: bool = True) -> tuple[f
     return _pages_mb(sum(_rss_pages(p) for p in pids)), _pss_sum_mb(pids)
 
 
-def _sample_mb(with_pss: bool, kids: list[int] | None = None) -> tuple[float, float, float]:
+def _sample_mb(with_pss: bool, kids: list[int]) -> tuple[float, float, float]:
     """(RSS of this process and its descendants, RSS of this process alone, their PSS or 0) in
-    MiB: the 20 ms samples, PSS only when asked. ``kids``: the descendants from an earlier walk
-    (one that has ended since reads 0), else walked now."""
+    MiB: the 20 ms samples, PSS only when asked. ``kids``: the descendants at the last walk (one
+    that has ended since reads 0)."""
     own = os.getpid()
-    kids = descendants(own) if kids is None else kids
     own_pages = _rss_pages(own)
     tree_pages = own_pages + sum(_rss_pages(p) for p in kids)
     pss = _pss_sum_mb([own, *kids]) if with_pss else 0.0
