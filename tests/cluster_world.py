@@ -32,6 +32,7 @@ import torch
 from engine_probe import policy_log_probs, scramble_  # noqa: F401 - the tests import them from here
 from fitted_policy import fitted_policy_dir
 from shm_check import shm_files
+from sites import WORKER_SITE
 
 from openrlhf_sgrpo.engine import vllm_unavailable_reason
 from openrlhf_sgrpo.testing import pythonpath_led_by
@@ -49,7 +50,6 @@ TEMPERATURE = 0.5
 needs_vllm = pytest.mark.skipif(NO_VLLM is not None, reason=f"vLLM engine path: {NO_VLLM}")
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER_SITE = Path(__file__).with_name("ray_worker_site")
 CORPUS = [
     {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
     {"id": "2", "contents": '"Nile"\nThe Nile flows north through Cairo into the Mediterranean.'},

@@ -12,9 +12,9 @@ dispatch (:func:`openrlhf_sgrpo.testing.dispatch_gemm_as_on_amx`), on a processo
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+from sites import GEMM_SITE
 
 from openrlhf_sgrpo.testing import (  # noqa: F401
     GPU_ONLY_MODULES,
@@ -23,7 +23,6 @@ from openrlhf_sgrpo.testing import (  # noqa: F401
     vllm_gemm_choice,
 )
 
-GEMM_SITE = Path(__file__).with_name("gemm_site")  # its sitecustomize runs in every process started with it
 
 
 def pytest_configure(config) -> None:

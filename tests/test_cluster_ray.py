@@ -35,7 +35,6 @@ import torch
 
 pytest.register_assert_rewrite("cluster_world")  # its checks report like this module's
 from cluster_world import (
-    WORKER_SITE,
     check_engine_contract,
     cpu_actor_trainer,
     experiences_of,
@@ -49,6 +48,7 @@ from cluster_world import (
 from engine_probe import check_sync_round_trip, held_bias_dtype, state_in_rollout_actor, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE
 from shm_check import left_behind, socket_files
+from sites import WORKER_SITE
 
 from openrlhf_sgrpo.testing import pythonpath_led_by
 

@@ -19,6 +19,7 @@ from cluster_world import scramble_
 from engine_probe import check_sync_round_trip, held_bias_dtype, state_of_local_engine, sync_round_trip
 from fitted_policy import CODE_OUTPUT, QUESTIONS, TEMPLATE, fitted_policy_dir
 from shm_check import left_behind, live_names, process_state, shm_files, socket_files
+from sites import GEMM_SITE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_env import info_keys as K
@@ -29,8 +30,6 @@ from openrlhf_sgrpo.engine import build_engine, vllm_unavailable_reason
 from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import leftover_files
 from openrlhf_sgrpo.testing import GEMM_ENV, pythonpath_led_by
-
-GEMM_SITE = Path(__file__).with_name("gemm_site")
 
 _NO_VLLM = vllm_unavailable_reason()
 pytestmark = [pytest.mark.slow,
@@ -300,17 +299,6 @@ def test_the_amx_gemm_switch_changes_only_vllms_answer_to_amx(monkeypatch):
     monkeypatch.setenv(GEMM_ENV, "sgl")
     with pytest.raises(ValueError, match="SGRPO_TEST_VLLM_GEMM must be one of .*'sgl'"):
         vllm_gemm_choice()
-
-
-def test_a_site_goes_first_on_pythonpath_once():
-    """The first ``sitecustomize`` on the path is the one a process runs, so a test site must lead
-    the path, and putting it there twice must not grow it."""
-    sep = os.pathsep
-    assert pythonpath_led_by(GEMM_SITE, None) == str(GEMM_SITE)
-    assert pythonpath_led_by(GEMM_SITE, "") == str(GEMM_SITE)
-    assert pythonpath_led_by(GEMM_SITE, f"/a{sep}{GEMM_SITE}{sep}/b") == f"{GEMM_SITE}{sep}/a{sep}/b"
-    once = pythonpath_led_by(GEMM_SITE, "/a")
-    assert pythonpath_led_by(GEMM_SITE, once) == once == f"{GEMM_SITE}{sep}/a"
 
 
 def _digest_check(engine, model) -> list:
