@@ -41,7 +41,8 @@ class CountingEngine:
 
 
 def _one_engine(name: str, heldout: int) -> list:
-    from openrlhf_sgrpo.demo.__main__ import TEMPLATE, _evaluate, _make_engine, _make_rollout, _services, parse_args
+    from openrlhf_sgrpo.demo.options import TEMPLATE, parse_args
+    from openrlhf_sgrpo.demo.stack import evaluate_heldout, make_engine, make_rollout, services
     from openrlhf_sgrpo.demo.questions import load_demo_data
     from openrlhf_sgrpo.local.models import load_policy
     from openrlhf_sgrpo.local.services import cached_index_for
@@ -50,15 +51,15 @@ def _one_engine(name: str, heldout: int) -> list:
     data = load_demo_data(args)
     index = Path(data.index) if data.index else cached_index_for(data.corpus)
     model, tok = load_policy(args.model, "cpu", seed=args.seed)
-    with _services(args, index, None, TEMPLATE) as (agent_cfg, _):
+    with services(args, index, None, TEMPLATE) as (agent_cfg, _):
         start = time.monotonic()
-        engine = CountingEngine(_make_engine(args, model, tok))
+        engine = CountingEngine(make_engine(args, model, tok))
         up = time.monotonic() - start
-        rollout = _make_rollout(args, engine, tok, agent_cfg)
+        rollout = make_rollout(args, engine, tok, agent_cfg)
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.monotonic()
-                _evaluate(args, rollout, "bench", data.heldout, Path(tmp) / "predictions.jsonl", Path(tmp),
+                evaluate_heldout(args, rollout, "bench", data.heldout, Path(tmp) / "predictions.jsonl", Path(tmp),
                           "eval_before", 0)
                 wall = time.monotonic() - start
         finally:

@@ -16,7 +16,8 @@ import pytest
 
 from inspector_dom import assert_dom_matches, records, set_control
 
-from openrlhf_sgrpo.demo.__main__ import main, parse_args
+from openrlhf_sgrpo.demo.__main__ import main
+from openrlhf_sgrpo.demo.options import parse_args
 from openrlhf_sgrpo.demo.synth_task import hop_of_qid
 from openrlhf_sgrpo.engine import processor
 from openrlhf_sgrpo.inspect.browser import Browser, find_chromium

@@ -72,7 +72,7 @@ def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path,
 
 
 def test_bad_arms_are_named(capsys):
-    from openrlhf_sgrpo.demo.__main__ import parse_args
+    from openrlhf_sgrpo.demo.options import parse_args
 
     for bad in ("sgrpo", "sgrpo:2", "ppo", "grpo,grpo"):
         with pytest.raises(SystemExit):

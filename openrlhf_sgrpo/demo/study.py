@@ -34,7 +34,8 @@ def seed_dir(out: Path, seed: int) -> Path:
 
 def run_seeds(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False) -> dict[int, dict]:
     """One demo run per seed (resumed where its folder exists and ``resume``); its results dict."""
-    from openrlhf_sgrpo.demo.__main__ import parse_args, run
+    from openrlhf_sgrpo.demo.__main__ import run
+    from openrlhf_sgrpo.demo.options import parse_args
 
     results = {}
     for seed in seeds:
