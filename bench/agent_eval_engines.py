@@ -59,8 +59,8 @@ def _one_engine(name: str, heldout: int) -> list:
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 start = time.monotonic()
-                evaluate_heldout(args, rollout, "bench", data.heldout, Path(tmp) / "predictions.jsonl", Path(tmp),
-                          "eval_before", 0)
+                evaluate_heldout(args, rollout, "bench", data.heldout, Path(tmp) / "predictions.jsonl",
+                                 Path(tmp), "eval_before", 0)
                 wall = time.monotonic() - start
         finally:
             rollout.close()

@@ -24,7 +24,6 @@ from openrlhf_sgrpo.testing import (  # noqa: F401
 )
 
 
-
 def pytest_configure(config) -> None:
     """With ``SGRPO_TEST_VLLM_GEMM`` set, ``tests/gemm_site`` goes on ``PYTHONPATH`` before any
     process is started (xdist's workers, engines; the Ray cluster's own site does the same), so its

@@ -47,6 +47,8 @@ def services(args, index: Path, train_index: Path | None, template: str):
 
 
 def make_rollout(args, engine, tok, agent_cfg, script=None):
+    """The agent's rollout over ``engine`` with the demo's turn and length budgets; ``script``
+    scripts first turns (``--smoke``'s training rollout), evaluation passes none."""
     from openrlhf_sgrpo.local.rollout import AgentRollout
 
     return AgentRollout(engine, tok, agent_cfg, args.max_len, args.max_tokens_per_turn,
