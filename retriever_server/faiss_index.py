@@ -119,26 +119,80 @@ def read_index(path: str | Path, mmap: bool = False, nprobe: int = DEFAULT_IVF_N
 def _read_index(path: str | Path, mmap: bool, nprobe: int):
     """Read an index; ``mmap`` maps flat codes / inverted lists so RSS does not grow with its size.
 
-    FAISS has one mmap flag per storage kind (flat codes vs inverted lists) and rejects the wrong
-    one, so the kinds are tried in turn.
+    FAISS has one mmap flag per storage kind and each fails differently on the wrong kind:
+
+    * ``IO_FLAG_MMAP_IFC`` maps flat codes (flat, sq8, HNSW storage); on an index whose lists are
+      already on disk (``ivf_sq8`` / ``ivf_pq`` from ivf_stream) it raises, because
+      ``IO_FLAG_ONDISK_SAME_DIR`` needs a plain file reader and IFC reads through a mapped one.
+    * ``IO_FLAG_MMAP`` turns array inverted lists (``ivf,pq`` built in RAM) into lists mapped from
+      the index file. It is ``IO_FLAG_SKIP_IVF_DATA`` plus a tag, and FAISS's reader of on-disk
+      lists (``OnDiskInvertedListsIOHook::read``) only maps its data file when
+      ``SKIP_IVF_DATA`` is clear: on-disk lists read with it keep a null data pointer, and the
+      first search dereferences it (the segmentation fault of issue #49).
+
+    On-disk lists are mapped by FAISS whatever the flags (``do_mmap``, read-only), so they are
+    read plainly; every read is checked by :func:`check_lists_mapped` so no flag combination can
+    hand the server an index that crashes on its first search.
     """
     faiss = _faiss()
     # on-disk inverted lists (ivf_stream.py) are found beside the index file, wherever it moved
-    same_dir = faiss.IO_FLAG_ONDISK_SAME_DIR
+    base = faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY
     if not mmap:
-        index = faiss.read_index(str(path), same_dir)
+        index = faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR)
     else:
-        errors = []
-        for flag in (faiss.IO_FLAG_MMAP_IFC, faiss.IO_FLAG_MMAP):
+        errors, index = [], None
+        for name, flag in (("IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP_IFC), ("IO_FLAG_MMAP", faiss.IO_FLAG_MMAP)):
             try:
-                index = faiss.read_index(str(path), flag | faiss.IO_FLAG_READ_ONLY | same_dir)
-                break
+                candidate = faiss.read_index(str(path), flag | base)
             except RuntimeError as e:
-                errors.append(str(e).splitlines()[-1])
-        else:
+                errors.append(f"{name}: {str(e).splitlines()[-1]}")
+                continue
+            if unmapped_lists(candidate):  # on-disk lists read with SKIP_IVF_DATA: not mapped
+                errors.append(f"{name}: on-disk inverted lists left unmapped")
+                del candidate
+                continue
+            index = candidate
+            break
+        if index is None and ondisk_lists_file(path):
+            index = faiss.read_index(str(path), base)  # FAISS maps on-disk lists itself
+        if index is None:
             raise RuntimeError(f"cannot memory-map {path}: {'; '.join(errors)}")
+    check_lists_mapped(index, path)
     tune(index, nprobe=nprobe)
     return index
+
+
+def _invlists(index):
+    faiss = _faiss()
+    ivf = faiss.try_extract_index_ivf(index)
+    return None if ivf is None else faiss.downcast_InvertedLists(ivf.invlists)
+
+
+def unmapped_lists(index) -> bool:
+    """True when ``index`` has on-disk inverted lists holding data whose file is not mapped
+    (``ptr`` null): searching it would read through a null pointer."""
+    faiss = _faiss()
+    il = _invlists(index)
+    return isinstance(il, faiss.OnDiskInvertedLists) and il.totsize > 0 and il.ptr is None
+
+
+def ondisk_lists_file(path: str | Path) -> bool:
+    """Whether the index at ``path`` keeps its lists in a separate on-disk file (``ilod``):
+    read without its data (cheap: centroids and list sizes only) to look."""
+    faiss = _faiss()
+    try:
+        index = faiss.read_index(str(path), faiss.IO_FLAG_SKIP_IVF_DATA | faiss.IO_FLAG_ONDISK_SAME_DIR
+                                 | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError:
+        return False
+    return isinstance(_invlists(index), faiss.OnDiskInvertedLists)
+
+
+def check_lists_mapped(index, path: str | Path) -> None:
+    """Refuse (a Python error the server reports) rather than crash later on unmapped lists."""
+    if unmapped_lists(index):
+        raise RuntimeError(f"{path}: its inverted lists file is not mapped (FAISS read it without its "
+                           "data); refusing to serve an index whose first search would crash")
 
 
 def tune(index, nprobe: int = DEFAULT_IVF_NPROBE, ef_search: int = DEFAULT_HNSW_EF) -> None:
