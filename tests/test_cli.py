@@ -84,7 +84,7 @@ def test_sapo_without_a_second_update_is_called_inert(capsys):
 
 
 # ------------------------------------------------------- OpenRLHF's options with our estimators
-# (the README's table "OpenRLHF options with our estimators"; the combinations that work are run
+# (docs/openrlhf_options.md's table "OpenRLHF options with our estimators"; the combinations that work are run
 # on the real-Ray path in tests/test_cluster_options.py)
 
 AGENT = ["--train.agent_func_path", "agent_env/openrlhf_agent.py"]

@@ -1,8 +1,8 @@
 """OpenRLHF 0.11.2's own training options with our estimators, SAPO and CalibAdv, on the real-Ray
 path: OpenRLHF's vLLM engine (``create_vllm_engines`` → ``RolloutRayActor``, vLLM's CPU build), its
 ``SamplesGenerator``, ``PPOTrainerAsync`` (generator and training actors), our agent against the
-real retriever and sandbox, and our experience maker. The README's table "OpenRLHF options with
-our estimators" points here (and to ``tests/test_cli.py`` for the refused combinations).
+real retriever and sandbox, and our experience maker. The table "OpenRLHF options with our
+estimators" in docs/openrlhf_options.md points here (and to ``tests/test_cli.py`` for the refused combinations).
 
 One engine for the module (~1 min to start on 2 cores); each test builds its trainer actors, or the
 experience maker in this process, with its own options (``option_args``). Where CUDA blocks:

@@ -29,7 +29,7 @@ BASE = ["--actor.model_name_or_path", "Qwen/Qwen2.5-3B", "--train.agent_func_pat
 def _resume_lines() -> list[list[str]]:
     """The flag lines of the deploy section's code block (comments cut)."""
     text = DEPLOY.read_text()
-    section = text[text.index("### Resuming a cluster run after the driver dies"):]
+    section = text[text.index("# Resuming a cluster run after the driver dies"):]  # its heading, any level
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     return [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.strip()]
 

@@ -1,7 +1,7 @@
 """What the CPU rehearsal of the GPU run (issue #34) leaves for CI: the policy's optimizer needs no
 build (checked through OpenRLHF's strategy and DeepSpeed's own optimizer factory), the per-step
 time split, and the rehearsal's mirror of the image. The rehearsal itself
-(``scripts/gpu_rehearsal.sh``) is run by a developer; docs/deploy.md records what it found."""
+(``scripts/gpu_rehearsal.sh``) is run by a developer; docs/records/gpu_sessions.md records what it found."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What of ``scripts/gpu_smoke.py`` a CPU can check: its data, both runs' flags through OpenRLHF's
 own parser (``--dry-run``), and the per-step table read back from logs that OpenRLHF's own
 ``TensorboardLogger`` wrote, failing on a missing step or monitor. The GPU run itself is recorded
-in docs/deploy.md whenever a session has a GPU."""
+in docs/records/gpu_sessions.md whenever a session has a GPU."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ What a CPU can check: the engine factory takes ``create_vllm_engines``'s exact s
 ``train()`` passes most of it positionally), refuses what it cannot serve, the CLI names the flags
 the mode needs, the driver swaps the factory in and back, and weights load by name with a cast.
 The CUDA IPC path (``update_weight_cuda_ipc``, as OpenRLHF's ``_handle_cuda_ipc`` sends) runs only
-on a GPU: the last test, skipped without one. The whole mode ran on an H100 (docs/deploy.md).
+on a GPU: the last test, skipped without one. The whole mode ran on an H100 (docs/records/gpu_sessions.md).
 """
 
 from __future__ import annotations
