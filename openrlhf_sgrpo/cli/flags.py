@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from openrlhf_sgrpo.advantages import STD_KINDS, STRATIFIED_ESTIMATORS
 from openrlhf_sgrpo.openrlhf_ext.config import DEFAULT_ALPHA, DEFAULT_EPS, DEFAULT_STD
 from openrlhf_sgrpo.openrlhf_ext.torch_adam import DEFAULT_OPTIMIZER, OPTIMIZERS
-from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by
+from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_strata_spec
 
 ESTIMATOR_DEST = "algo.advantage.estimator"
 ROLLOUT_ENGINES = ("vllm", "hf")
@@ -37,7 +37,10 @@ def add_sgrpo_flags(parser: argparse.ArgumentParser) -> None:
                    help="blend weight of stratified normalization: A = alpha*A_SAN + (1-alpha)*A_GN "
                         "(paper: 0.6 base, 0.8 instruct; 0 = GRPO, 1 = SAN only)")
     g.add_argument("--algo.advantage.stratify_by", type=str, default=DEFAULT_STRATIFY_BY,
-                   help="Experience.info key(s) defining strata, e.g. tool_calls or search_calls,code_calls")
+                   help="Experience.info key(s) defining strata, e.g. tool_calls or search_calls,code_calls; "
+                        "or the paper's random-strata control: random:tool_calls (the tool-call strata's sizes, "
+                        "members shuffled inside each prompt group) or random_k:K (K balanced random strata), "
+                        "drawn from --train.seed and the step")
     g.add_argument("--algo.advantage.strata_cap", type=int, default=None,
                    help="merge strata with counts >= cap (None: no merging)")
     g.add_argument("--algo.advantage.sgrpo_eps", type=float, default=DEFAULT_EPS,
@@ -86,7 +89,7 @@ def validate_sgrpo_args(args: SimpleNamespace) -> list[str]:
     if adv.strata_cap is not None and adv.strata_cap < 1:
         errors.append(f"--algo.advantage.strata_cap must be >= 1, got {adv.strata_cap}")
     try:
-        parse_stratify_by(adv.stratify_by)
+        parse_strata_spec(adv.stratify_by)
     except ValueError as exc:
         errors.append(f"--algo.advantage.stratify_by: {exc}")
     if adv.estimator in STRATIFIED_ESTIMATORS and args.rollout.n_samples_per_prompt < 2:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agent_env import info_keys as K
 from openrlhf_sgrpo.advantages import (
     STRATIFIED_ESTIMATORS,
     compute_stratified,
@@ -29,9 +30,10 @@ from openrlhf_sgrpo.calibadv import CalibAdvConfig, calibadv_token_advantages
 from openrlhf_sgrpo.local import upstream
 from openrlhf_sgrpo.local.experience import Sample, collate, info_tensor
 from openrlhf_sgrpo.local.loss import action_log_probs
+from openrlhf_sgrpo.mechanism import estimator_mechanism
 from openrlhf_sgrpo.metrics import stratification_metrics
 from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
-from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
+from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, batch_strata, parse_strata_spec
 
 # "grpo" is group normalization alone: Stratified GRPO with alpha = 0 (same math, same code).
 ESTIMATORS: tuple[str, ...] = ("grpo", *STRATIFIED_ESTIMATORS)
@@ -50,6 +52,7 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        parse_strata_spec(self.stratify_by)  # a bad spec fails here, naming itself, not at step 1
 
 
 @dataclass
@@ -62,12 +65,18 @@ class AdvantageResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def sample_advantages(samples: list[Sample], n_samples_per_prompt: int, cfg: AdvantageConfig) -> AdvantageResult:
-    """Per-sample advantages for prompt-contiguous samples (``n_samples_per_prompt`` per prompt)."""
+def sample_advantages(samples: list[Sample], n_samples_per_prompt: int, cfg: AdvantageConfig,
+                      generator: torch.Generator | None = None) -> AdvantageResult:
+    """Per-sample advantages for prompt-contiguous samples (``n_samples_per_prompt`` per prompt).
+
+    ``generator`` draws random strata (``stratify_by`` random:KEYS or random_k:K; the trainer
+    seeds it from the run seed and step); structural strata ignore it. ``metrics`` holds the
+    paper monitors on the estimator's strata and the mechanism (:mod:`openrlhf_sgrpo.mechanism`)
+    on the tool-call strata."""
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    keys = parse_stratify_by(cfg.stratify_by)
+    keys = parse_strata_spec(cfg.stratify_by).keys
     info = {k: info_tensor(samples, k) for k in keys}
-    strata = strata_from_info(info, keys, cap=cfg.strata_cap)
+    strata = batch_strata(info, cfg.stratify_by, len(samples), n_samples_per_prompt, cfg.strata_cap, generator)
     estimator, alpha = (("stratified_grpo", 0.0) if cfg.estimator == "grpo" else (cfg.estimator, cfg.alpha))
     adv = compute_stratified(estimator, rewards, strata, n_samples_per_prompt, alpha, cfg.eps, cfg.std)
     san = gn = None
@@ -76,6 +85,8 @@ def sample_advantages(samples: list[Sample], n_samples_per_prompt: int, cfg: Adv
         segs = make_segments(strata, n_samples_per_prompt)
         san = normalized_advantages(rewards, segs.cell, segs.num_cells, cfg.eps, cfg.std)
     metrics = stratification_metrics(rewards, strata, n_samples_per_prompt, adv, eps=cfg.eps)
+    metrics.update(estimator_mechanism(cfg.estimator, rewards, strata, info_tensor(samples, K.TOOL_CALLS),
+                                       n_samples_per_prompt, cfg.alpha, cfg.eps, cfg.std))
     return AdvantageResult(adv.to(torch.float32), rewards, strata, san, gn, metrics)
 
 
@@ -154,7 +165,8 @@ def policy_log_probs(model, samples: list[Sample], pad_id: int, micro_batch_size
 
 
 def make_experience(samples: list[Sample], n_samples_per_prompt: int, cfg: AdvantageConfig, model, pad_id: int,
-                    micro_batch_size: int, ref_model=None, old_from_update: bool = False) -> Experience:
+                    micro_batch_size: int, ref_model=None, old_from_update: bool = False,
+                    generator: torch.Generator | None = None) -> Experience:
     """Advantages, token advantages (+ CalibAdv over whole groups), old and reference log-probs.
 
     ``old_from_update``: the caller updates with one optimizer step that sees every sample once,
@@ -162,8 +174,9 @@ def make_experience(samples: list[Sample], n_samples_per_prompt: int, cfg: Advan
     it (gradients only accumulate until that step). The old log-probs then equal the update's own
     (detached) log-probs, and the no-grad forward pass that would compute them here, a fifth of
     the update's compute with gradient checkpointing, is skipped: the loss, its gradient and the
-    ratio (exactly 1) are what that pass would give, up to float noise between two forwards."""
-    adv = sample_advantages(samples, n_samples_per_prompt, cfg)
+    ratio (exactly 1) are what that pass would give, up to float noise between two forwards.
+    ``generator`` draws random strata (see :func:`sample_advantages`)."""
+    adv = sample_advantages(samples, n_samples_per_prompt, cfg, generator)
     mask = collate(samples, pad_id).action_mask
     returns = token_advantages(adv.advantages, mask)
     final, calib_stats = returns, {}

@@ -56,6 +56,7 @@ from openrlhf_sgrpo.local.timing import Stopwatch
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
 from openrlhf_sgrpo.rollout_records.store import RolloutWriter
 from openrlhf_sgrpo.sapo import penalized_mask
+from openrlhf_sgrpo.strata import strata_generator
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,8 @@ class LocalTrainer:
         samples = result.samples
         with Stopwatch() as exp_time:
             exp = make_experience(samples, cfg.n_samples, cfg.adv, self.model, self.pad_id, cfg.micro_batch_size,
-                                  self.ref_model, old_from_update=cfg.single_update)
+                                  self.ref_model, old_from_update=cfg.single_update,
+                                  generator=strata_generator(cfg.seed, step))
         with Stopwatch() as upd_time:
             updates, sample_updates = self._ppo_train(exp, step)
         # the next rollout samples from the updated policy, as OpenRLHF's broadcast_to_vllm after fit
@@ -333,7 +335,8 @@ class LocalTrainer:
         groups = records_from_samples(
             exp.samples, self.tokenizer, self.cfg.n_samples, phase="train", step=step, adv_cfg=self.cfg.adv,
             advantages=exp.advantage.advantages, token_advantages=exp.token_advantages, sapo=sapo,
-            prompt_ids=[q.qid for q in questions], max_groups=self.cfg.record_groups)
+            prompt_ids=[q.qid for q in questions], max_groups=self.cfg.record_groups,
+            strata=exp.advantage.strata.tolist())
         RolloutWriter(self.out_dir).write_step("train", step, groups)
 
     # ------------------------------------------------------------ update (ActorPPOTrainer.ppo_train)

@@ -21,7 +21,7 @@ from openrlhf_sgrpo.advantages import STRATIFIED_ESTIMATORS, compute_stratified
 from openrlhf_sgrpo.calibadv import CalibAdvConfig, turn_scores
 from openrlhf_sgrpo.openrlhf_ext.turn_info import turn_tensors
 from openrlhf_sgrpo.rollout_records.build import RecordLimits, Trajectory, finite, group_record, sample_record
-from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_stratify_by, strata_from_info
+from openrlhf_sgrpo.strata import DEFAULT_STRATIFY_BY, parse_strata_spec, strata_from_info
 
 
 def advantage_terms(estimator: str, alpha: float) -> tuple[str, float, bool]:
@@ -85,7 +85,8 @@ def _require_config(n: int, adv_cfg: Any) -> None:
 def build_groups(trajs: list[Trajectory], questions: list[str], labels: list, tokenizer, n: int, *, phase: str,
                  step: int, group_ids: list[int], adv_cfg: Any = None, calibadv: CalibAdvConfig | None = None,
                  advantages: Sequence[float] | None = None, prompt_ids: list[str] | None = None,
-                 dataset: str | None = None, limits: RecordLimits = RecordLimits()) -> list[dict]:
+                 dataset: str | None = None, limits: RecordLimits = RecordLimits(),
+                 strata: Sequence[int] | None = None) -> list[dict]:
     """Group records for prompt-contiguous trajectories (``n`` per prompt, one question/label each).
 
     ``adv_cfg`` is the run's advantage setting, any object with ``estimator, alpha, eps, std,
@@ -95,19 +96,32 @@ def build_groups(trajs: list[Trajectory], questions: list[str], labels: list, to
     ``n == 1`` (evaluation) there is no group baseline: every advantage field is None and
     ``adv_cfg`` only chooses the strata (default: tool_calls). CalibAdv turn scores are recorded
     when ``calibadv`` (or ``adv_cfg.calibadv``) is set.
+
+    ``strata`` are the estimator's own ids of these trajectories. A random ``stratify_by``
+    (random:KEYS, random_k:K) cannot be redrawn here, so without them its records carry the
+    structural strata and no stratum/group terms (None) rather than terms of the wrong strata.
     """
     if n < 1 or len(trajs) != n * len(group_ids):
         raise ValueError(f"{len(trajs)} trajectories for {len(group_ids)} groups of n={n}")
     _require_config(n, adv_cfg)
-    keys = parse_stratify_by(getattr(adv_cfg, "stratify_by", DEFAULT_STRATIFY_BY))
+    spec_text = getattr(adv_cfg, "stratify_by", DEFAULT_STRATIFY_BY)
+    spec = parse_strata_spec(spec_text)
+    keys = spec.structural_keys
     cap = getattr(adv_cfg, "strata_cap", None)
     calibadv = calibadv if calibadv is not None else getattr(adv_cfg, "calibadv", None)
     infos = [t.info for t in trajs]
-    strata = strata_from_info({k: _column(infos, k) for k in keys}, keys, cap=cap)
+    if strata is not None:
+        strata = torch.as_tensor(list(strata), dtype=torch.int64)
+    elif not spec.is_random:
+        strata = strata_from_info({k: _column(infos, k) for k in keys}, keys, cap=cap)
     names = stratum_labels(infos, keys, cap)
-    meta: dict = {"stratify_by": ",".join(keys)}
+    meta: dict = {"stratify_by": spec_text if spec.is_random else ",".join(keys)}
     san = gn = blend = None
-    if n >= 2 and trajs:
+    if strata is None:  # random strata not passed in: record the structural ids, no terms
+        strata = strata_from_info({k: _column(infos, k) for k in keys}, keys, cap=cap)
+        if advantages is not None:
+            blend = [float(a) for a in advantages]
+    elif n >= 2 and trajs:
         est, alpha, trained = advantage_terms(adv_cfg.estimator, adv_cfg.alpha)
         rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
         san = compute_stratified(est, rewards, strata, n, 1.0, adv_cfg.eps, adv_cfg.std).tolist()
@@ -139,14 +153,15 @@ def records_from_samples(samples: list, tokenizer, n_samples: int, *, phase: str
                          sapo: Sequence[Mapping[str, float] | None] | None = None,
                          prompt_ids: list[str] | None = None, dataset: str | None = None,
                          max_groups: int | None = None, limits: RecordLimits = RecordLimits(),
-                         group_offset: int = 0) -> list[dict]:
+                         group_offset: int = 0, strata: Sequence[int] | None = None) -> list[dict]:
     """Records of the single-machine runner's prompt-contiguous ``Sample`` list (local/experience.py).
 
     ``adv_cfg`` is the trainer's ``AdvantageConfig`` (None for evaluation). Per-sample inputs
     (``advantages``, ``token_advantages``, ``sapo``) follow ``samples``; ``prompt_ids`` has one
     id per prompt group (default: a digest of the question). A record's ``group`` is its prompt's
     index in ``samples`` plus ``group_offset`` (an evaluation records one question at a time, as
-    it finishes, and passes the question's position in its dataset).
+    it finishes, and passes the question's position in its dataset). ``strata`` are the
+    estimator's ids of ``samples`` (needed for random strata, see :func:`build_groups`).
     """
     if n_samples < 1 or len(samples) % n_samples:
         raise ValueError(f"{len(samples)} samples is not a multiple of n_samples={n_samples}")
@@ -162,7 +177,7 @@ def records_from_samples(samples: list, tokenizer, n_samples: int, *, phase: str
                         phase=phase, step=step, adv_cfg=adv_cfg, group_ids=[group_offset + g for g in groups],
                         advantages=[float(advantages[i]) for i in rows] if advantages is not None else None,
                         prompt_ids=[prompt_ids[g] for g in groups] if prompt_ids else None, dataset=dataset,
-                        limits=limits)
+                        limits=limits, strata=[int(strata[i]) for i in rows] if strata is not None else None)
 
 
 def _as_list(values) -> list[float] | None:
