@@ -1,5 +1,13 @@
-"""Agent configuration: a YAML file named by $SGRPO_AGENT_CONFIG (OpenRLHF builds the agent
-with no arguments, so the environment variable is the only channel)."""
+"""Agent configuration: YAML, by content in $SGRPO_AGENT_CONFIG_YAML or in the file named by
+$SGRPO_AGENT_CONFIG (OpenRLHF builds the agent with no arguments, so the environment is the only
+channel).
+
+Why two variables: a user names a file ($SGRPO_AGENT_CONFIG), but the agent runs in the vLLM
+engine actors, which on a cluster sit on nodes that do not have the driver's files. The CLI
+reads and validates the file at launch and forwards its *text* to every Ray worker as
+$SGRPO_AGENT_CONFIG_YAML; the content wins wherever it is set, and the path stays the fallback
+(a single machine, or a file that exists on every node).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 CONFIG_ENV = "SGRPO_AGENT_CONFIG"
+# The YAML text itself; set by the CLI for the Ray workers (and by `ray job submit` in
+# examples/lib/launch.sh for the driver), preferred over the path.
+CONFIG_YAML_ENV = "SGRPO_AGENT_CONFIG_YAML"
 
 SEARCH_BACKENDS = ("local", "web")
 SERPER_HOSTS = ("google.serper.dev",)
@@ -102,17 +113,51 @@ def config_from_dict(data: dict | None) -> AgentConfig:
     return AgentConfig(**data)
 
 
-def load_config(path: str | os.PathLike | None = None) -> AgentConfig:
-    """Read the YAML at `path`, else at $SGRPO_AGENT_CONFIG, else the defaults."""
+def config_from_yaml(text: str, source: str) -> AgentConfig:
+    """Parse and validate YAML text; every error names ``source`` (the file or the variable)."""
     import yaml
 
-    path = path or os.environ.get(CONFIG_ENV)
-    if not path:
-        return AgentConfig()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"agent config {source} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"agent config {source} must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return config_from_dict(data)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise ConfigError(f"agent config {source}: {exc}") from exc
+
+
+def read_config_file(path: str | os.PathLike) -> str:
+    """The text of the agent config file at ``path``; ConfigError naming it when it is missing."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"agent config file {str(p)!r} (from ${CONFIG_ENV} or argument) does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"agent config {str(p)!r} must be a YAML mapping, got {type(data).__name__}")
-    return config_from_dict(data)
+    return p.read_text()
+
+
+def config_source() -> tuple[str, str] | None:
+    """The agent config this process was given: (YAML text, where it came from), or None for the
+    defaults. The content in $SGRPO_AGENT_CONFIG_YAML wins over the file in $SGRPO_AGENT_CONFIG:
+    on a worker node the content is what the driver read, while the path may name nothing there."""
+    text = os.environ.get(CONFIG_YAML_ENV)
+    if text:
+        origin = os.environ.get(CONFIG_ENV)
+        label = f"${CONFIG_YAML_ENV}" + (f" (the content of {origin!r})" if origin else "")
+        return text, label
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        return None
+    return read_config_file(path), repr(str(Path(path).expanduser()))
+
+
+def load_config(path: str | os.PathLike | None = None) -> AgentConfig:
+    """The YAML at `path`, else the content in $SGRPO_AGENT_CONFIG_YAML, else the file named by
+    $SGRPO_AGENT_CONFIG, else the defaults."""
+    if path:
+        return config_from_yaml(read_config_file(path), repr(str(Path(path).expanduser())))
+    source = config_source()
+    if source is None:
+        return AgentConfig()
+    return config_from_yaml(*source)

@@ -31,7 +31,10 @@ render_agent_config() {
 }
 
 # run_cli ARG...: the CLI with these arguments, dry or through `ray job submit`.
-# SGRPO_AGENT_CONFIG must name a file every node can read (shared filesystem).
+# The agent config travels by content, not by path: the job gets the file's text as
+# SGRPO_AGENT_CONFIG_YAML (the machine that submits need not be the head, nor share its disk),
+# and the CLI forwards it to every Ray worker the same way (docs/multinode.md). The file named by
+# --train.agent_func_path is read by the CLI on the head and shipped to every node by content too.
 run_cli() {
   local -a extra=()
   if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<< "$EXTRA_ARGS"; fi
@@ -43,7 +46,10 @@ run_cli() {
   local env_json
   env_json="$("$PYTHON" -c 'import json, os, sys
 keys = ["SGRPO_AGENT_CONFIG", "HF_HOME", "WANDB_API_KEY"]  # no SERPER_API_KEY: the /search proxy holds it
-print(json.dumps({"env_vars": {k: os.environ[k] for k in keys if os.environ.get(k)}}))')"
+env = {k: os.environ[k] for k in keys if os.environ.get(k)}
+if env.get("SGRPO_AGENT_CONFIG"):  # the text, read here: the head may not have this file
+    env["SGRPO_AGENT_CONFIG_YAML"] = open(env["SGRPO_AGENT_CONFIG"]).read()
+print(json.dumps({"env_vars": env}))')"
   echo "[launch] ray job submit --address=$RAY_ADDRESS -- python ${cli[*]}" >&2
   exec ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$env_json" -- python "${cli[@]}"
 }

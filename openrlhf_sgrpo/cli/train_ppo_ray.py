@@ -21,10 +21,13 @@ import os
 import re
 import sys
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from agent_env.config import CONFIG_YAML_ENV, AgentConfig, ConfigError, config_from_yaml, config_source
+from openrlhf_sgrpo.cli import worker_setup
 from openrlhf_sgrpo.cli.flags import add_sgrpo_flags, validate_sgrpo_args
 from openrlhf_sgrpo.cli.flags_extensions import sapo_inert_reason
 from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, main_block_violations
@@ -32,7 +35,8 @@ from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, ma
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 # Forwarded to every Ray worker, with the same defaults OpenRLHF's train() uses.
 _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}
-# Read by the agent inside the engine actors (agent_env.config.CONFIG_ENV). Never the Serper key:
+# SGRPO_AGENT_CONFIG: only the name of the file the driver read (the agent reads the content, which
+# the CLI forwards as SGRPO_AGENT_CONFIG_YAML, see WorkerPayload). Never the Serper key:
 # the workers search the web through retriever_server's /search proxy, which alone holds it.
 # vLLM's CPU build reads its KV-cache size and thread binding from the environment of its workers.
 # VLLM_RPC_BASE_PATH: where each engine binds its ZeroMQ socket files, which vLLM never removes
@@ -116,15 +120,80 @@ def _standin_installer(hf_engines: bool) -> str:
     return "install_missing" if hf_engines else "install_missing_flash_attn"
 
 
-def ray_runtime_env(hf_engines: bool = False) -> dict:
+@dataclass(frozen=True)
+class WorkerPayload:
+    """What the driver reads at launch and sends to every Ray worker *by content*.
+
+    Why: on a cluster the vLLM engine actors, which build the agent, sit on nodes that need not
+    have the driver's files (issue #51: "agent config file ... does not exist" on a worker node).
+    So the agent config ($SGRPO_AGENT_CONFIG) travels as YAML text, validated here first, and the
+    file named by ``--train.agent_func_path`` as Python text that each worker writes to
+    ``agent_path`` (:mod:`openrlhf_sgrpo.cli.worker_setup`), the path OpenRLHF is then given.
+    """
+
+    agent_config_yaml: str | None = None
+    agent_config: AgentConfig | None = None
+    agent_source: str | None = None
+    agent_path: str | None = None  # where every worker writes agent_source
+
+    def env_vars(self) -> dict[str, str]:
+        env = {}
+        if self.agent_config_yaml is not None:
+            env[CONFIG_YAML_ENV] = self.agent_config_yaml
+        if self.agent_source is not None and self.agent_path is not None:
+            env[worker_setup.AGENT_SOURCE_ENV] = self.agent_source
+            env[worker_setup.AGENT_PATH_ENV] = self.agent_path
+        return env
+
+
+def agent_config_at_launch() -> tuple[str, AgentConfig] | None:
+    """The agent config this launch was given (content first, then the file), validated with the
+    agent's own loader; CliError naming the file or variable. None: the agent's defaults."""
+    try:
+        source = config_source()
+        return None if source is None else (source[0], config_from_yaml(*source))
+    except ConfigError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def agent_file_at_launch(path: str | None) -> tuple[str, str] | None:
+    """(text, path on every node) of the ``--train.agent_func_path`` file, read on the driver's
+    node; CliError naming it when it cannot be shipped."""
+    if not path:
+        return None
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise CliError(f"--train.agent_func_path {path!r} does not exist on this node (the CLI reads it here and "
+                       f"ships its content to every Ray node)")
+    source = p.read_text()
+    size = len(source.encode())
+    if size > worker_setup.MAX_AGENT_SOURCE_BYTES:
+        raise CliError(f"--train.agent_func_path {path!r} is {size} bytes; the CLI ships it to every Ray node in an "
+                       f"environment variable (at most {worker_setup.MAX_AGENT_SOURCE_BYTES}): keep that file a "
+                       f"few lines that import the agent from a package installed on every node (as "
+                       f"agent_env/openrlhf_agent.py does)")
+    return source, worker_setup.shipped_agent_path(source, p.name)
+
+
+def worker_payload(agent_func_path: str | None = None) -> WorkerPayload:
+    """Read and check, on the driver, everything the workers get by content (see WorkerPayload)."""
+    config = agent_config_at_launch()
+    agent = agent_file_at_launch(agent_func_path)
+    return WorkerPayload(agent_config_yaml=config[0] if config else None, agent_config=config[1] if config else None,
+                         agent_source=agent[0] if agent else None, agent_path=agent[1] if agent else None)
+
+
+def ray_runtime_env(hf_engines: bool = False, payload: WorkerPayload | None = None) -> dict:
     """What every Ray worker gets: OpenRLHF's env defaults plus the agent's settings.
 
     No ``worker_process_setup_hook`` for our classes: it would run before Ray assigns GPUs (see
     :mod:`openrlhf_sgrpo.openrlhf_ext.actors`). The one hook puts import-only stand-ins for missing
     GPU-only modules in each worker, which touches no CUDA: ``flash_attn`` on every path (OpenRLHF
     imports it at module level; it has no wheel for every CUDA torch), ``vllm`` too with
-    ``hf_engines`` (``--sgrpo.rollout_engine hf``). The agent's variables are forwarded so a CLI
-    started on a head node (not through ``ray job submit``) still configures every engine, and
+    ``hf_engines`` (``--sgrpo.rollout_engine hf``); when ``payload`` ships an agent file, the hook
+    is :mod:`openrlhf_sgrpo.cli.worker_setup`'s, which also writes that file. ``payload``'s
+    contents travel as variables (:meth:`WorkerPayload.env_vars`), so a CLI started on a head
+    node (not through ``ray job submit``) still configures every engine on every node, and
     ``TORCH_CUDA_ARCH_LIST`` in the form DeepSpeed parses (:func:`deepspeed_arch_list`).
     """
     env = {k: os.environ.get(k, v) for k, v in _RAY_ENV_DEFAULTS.items()}
@@ -132,23 +201,33 @@ def ray_runtime_env(hf_engines: bool = False) -> dict:
     arch_list = deepspeed_arch_list(os.environ.get("TORCH_CUDA_ARCH_LIST"))
     if arch_list is not None:
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
-    return {"env_vars": env, "worker_process_setup_hook": f"{_STANDINS}.{_standin_installer(hf_engines)}"}
+    hook_module = _STANDINS
+    if payload is not None:
+        env.update(payload.env_vars())
+        if payload.agent_path is not None:
+            hook_module = worker_setup.__name__
+    return {"env_vars": env, "worker_process_setup_hook": f"{hook_module}.{_standin_installer(hf_engines)}"}
 
 
-def start_ray(hf_engines: bool = False, **ray_init_kwargs: Any) -> None:
+def start_ray(hf_engines: bool = False, payload: WorkerPayload | None = None, **ray_init_kwargs: Any) -> None:
     """``ray.init`` with :func:`ray_runtime_env` (unless Ray already runs in this process), then
-    our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources."""
+    our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources.
+    Without ``payload``, the agent config of this process's environment is read, checked and
+    forwarded by content (CliError naming a bad file)."""
     import ray
 
     from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
 
+    if payload is None:
+        payload = worker_payload()
     if not ray.is_initialized():
-        ray.init(runtime_env=ray_runtime_env(hf_engines), **ray_init_kwargs)
+        ray.init(runtime_env=ray_runtime_env(hf_engines, payload), **ray_init_kwargs)
     install_actor_classes(hf_engines)
 
 
-def launch(args: SimpleNamespace) -> None:
-    """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train()."""
+def launch(args: SimpleNamespace, payload: WorkerPayload | None = None) -> None:
+    """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train().
+    The agent file OpenRLHF loads in each engine is the copy the workers write from ``payload``."""
     from openrlhf_sgrpo.openrlhf_ext import gpu_import_standins
 
     hf_engines = args.sgrpo.rollout_engine == "hf"
@@ -159,7 +238,11 @@ def launch(args: SimpleNamespace) -> None:
     if problems:
         raise CliError("the installed OpenRLHF does not match what openrlhf-sgrpo wires into "
                        "(pip install --no-deps openrlhf==0.11.2):\n  " + "\n  ".join(problems))
-    start_ray(hf_engines)
+    if payload is None:
+        payload = worker_payload(args.train.agent_func_path)
+    if payload.agent_path is not None:
+        args.train.agent_func_path = payload.agent_path
+    start_ray(hf_engines, payload)
     from openrlhf.cli.train_ppo_ray import train
 
     from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
@@ -201,11 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     inert = sapo_inert_reason(args)
     if inert:
         print(f"warning: {inert}", file=sys.stderr)
+    try:
+        payload = worker_payload(args.train.agent_func_path)  # a bad agent file stops a dry run too
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         print(json.dumps(to_jsonable(args), indent=2, sort_keys=True))
         return 0
     try:
-        launch(args)
+        launch(args, payload)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
