@@ -26,7 +26,9 @@ from openrlhf_sgrpo import assets
 from openrlhf_sgrpo.inspect.browser import APT_PACKAGE, Browser, find_chromium, group_members
 from openrlhf_sgrpo.inspect.curves import CURVES, curves_html, series
 from openrlhf_sgrpo.inspect.load import StepRecords, load_run, thin_steps
+from openrlhf_sgrpo.inspect.mechanism import MAX_ROWS, mechanism_html, mechanism_rows
 from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
+from openrlhf_sgrpo.mechanism import STRATUM_NAMES
 from openrlhf_sgrpo.rollout_records.store import step_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,6 +162,28 @@ def test_curves_and_step_thinning(run_dir):
     assert [f.step for f in kept if f.phase == "train"] == [1, 4, 7, 10] and dropped == 6
     assert any(f.phase == "eval" for f in kept)
     assert len(load_run(run_dir, max_groups=1, progress=False).steps[0].groups) == 1
+
+
+def test_mechanism_table_shows_each_steps_mass_per_tool_call_stratum(run_dir, report):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    table = mechanism_rows(rows)
+    assert [step for step, _ in table] == [r["step"] for r in rows if r.get("phase", "train") == "train"]
+    for (step, strata), row in zip(table, rows):
+        assert strata and set(strata) == {n for n in STRATUM_NAMES if row[f"sgrpo/{n}/share"] > 0}
+        for name, v in strata.items():
+            assert v["adv_mass_gn"] == row[f"sgrpo/{name}/adv_mass_gn"] and v["share"] == row[f"sgrpo/{name}/share"]
+    html = report.read_text(encoding="utf-8")
+    section = html[html.index('<section id="mechanism">'):]
+    section = section[:section.index("</section>")]
+    step, strata = table[0]
+    name, v = next(iter(strata.items()))
+    row_html = section[section.index(f'<tr data-step="{step}">'):]
+    row_html = row_html[:row_html.index("</tr>")]
+    assert f'{v["share"]:.3f}' in row_html and f'{v["adv_mass_gn"]:+.3f}' in row_html
+    assert mechanism_html([{"step": 1, "reward": 0.5}]) == ""  # a run without the keys: no section
+    many = [{"step": s, "sgrpo/stratum0/share": 1.0, "sgrpo/stratum0/adv_mass_gn": 0.0} for s in range(1, 101)]
+    thinned = [s for s, _ in mechanism_rows(many)]
+    assert len(thinned) == MAX_ROWS and thinned[0] == 1 and thinned[-1] == 100
 
 
 # ---------------------------------------------------------------- as a person sees it

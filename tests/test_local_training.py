@@ -27,6 +27,7 @@ from openrlhf_sgrpo.local.scripted import spread_script
 from openrlhf_sgrpo.local.services import cached_index_for, local_services
 from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
+from openrlhf_sgrpo.mechanism import METRIC_KEYS, STRATUM_NAMES
 from openrlhf_sgrpo.testing import shifted_seed
 
 pytestmark = pytest.mark.slow
@@ -80,6 +81,12 @@ def test_two_steps_change_weights_log_strata_and_resume_at_step_3(world, tmp_pat
         assert sum(r["strata_hist"].values()) == 8
         assert r["optimizer_steps"] == 1 and r["grad_norm"] > 0
         assert "sgrpo/var_reduction" in r and "time/generate_busy_s" in r
+        # the mechanism (openrlhf_sgrpo.mechanism) on the tool-call strata: every key, shares of
+        # the step's 8 samples, and SAN's mass 0 in each stratum since the strata are tool calls
+        assert set(METRIC_KEYS) <= set(r)
+        assert sum(r[f"sgrpo/{name}/share"] for name in STRATUM_NAMES) == pytest.approx(1.0)
+        assert max(abs(r[f"sgrpo/{name}/adv_mass_san"]) for name in STRATUM_NAMES) < 1e-6
+        assert r["sgrpo/stratum0/share"] > 0 and r["sgrpo/stratum0/reward"] is not None
     assert (tmp_path / "checkpoints" / "step_2" / "trainer_state.json").exists()
 
     # Resume in a fresh trainer with a fresh model: it must start from the saved step-2 weights.

@@ -39,6 +39,9 @@ nav#controls select, nav#controls button { font: inherit; }
 svg.hist .bar { fill: #5c6bc0; } svg.hist text { font-size: 10px; text-anchor: middle; }
 table.strata { border-collapse: collapse; } table.strata td, table.strata th { border-bottom: 1px solid #eee;
   padding: 2px 10px; text-align: right; } table.strata th:first-child, table.strata td:first-child { text-align: left; }
+.mass-wrap { overflow-x: auto; } table.mass { border-collapse: collapse; background: #fff; font-size: 12px; }
+table.mass td, table.mass th { border: 1px solid #eee; padding: 1px 6px; text-align: right; }
+table.mass td.pos { color: var(--pos); } table.mass td.neg { color: var(--neg); } table.mass td.zero { color: var(--zero); }
 article.group { background: #fff; border: 1px solid var(--line); border-radius: 4px; margin: 10px 0; }
 article.group > header { padding: 6px 10px; border-bottom: 1px solid var(--line); background: #f5f7fa; }
 article.group .pid { font-family: ui-monospace, monospace; color: #555; margin-right: 8px; }
@@ -332,8 +335,9 @@ def embed_json(data) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def render_page(view: dict, curves_svg: str, generated: str) -> str:
-    """The whole report; ``view`` is :func:`openrlhf_sgrpo.inspect.view.run_view`'s output."""
+def render_page(view: dict, curves_svg: str, generated: str, mechanism_table: str = "") -> str:
+    """The whole report; ``view`` is :func:`openrlhf_sgrpo.inspect.view.run_view`'s output,
+    ``mechanism_table`` :func:`openrlhf_sgrpo.inspect.mechanism.mechanism_html`'s (after the curves)."""
     run = escape(view["run"])
     n_groups = sum(len(s["groups"]) for s in view["steps"])
     warnings = "".join(f"<li>{escape(w)}</li>" for w in view["warnings"])
@@ -347,7 +351,7 @@ def render_page(view: dict, curves_svg: str, generated: str) -> str:
 <header class="top"><h1>Rollout inspector · {run}</h1>
 <div class="sub">{len(view["steps"])} steps, {n_groups} prompt groups · generated {escape(generated)} by
 python -m openrlhf_sgrpo.inspect</div></header>
-{warn_html}{curves_html}
+{warn_html}{curves_html}{mechanism_table}
 <nav id="controls"><button id="prev" title="previous step (←)">◀</button><select id="step-select"></select>
 <button id="next" title="next step (→)">▶</button>
 <label>stratum <select id="filter-stratum"></select></label>
