@@ -1,9 +1,11 @@
-"""The GPU study script (examples/study/sgrpo_vs_grpo.py) run tiny on a CPU: two seeds, GRPO and
-Stratified GRPO from each seed's one warm-up, aggregated into one table, one plot and a JSON with
-the environment. A check of the plumbing (tiny random Qwen2, --smoke), not a result."""
+"""The GPU study script (examples/study/sgrpo_vs_grpo.py) run tiny on a CPU: seeds as processes
+side by side, each one demo run (one warm-up, every arm from it), aggregated into one table, one
+plot, a JSON with the environment, and per seed a committed-form seed folder that the study
+report reads. A check of the plumbing (tiny random Qwen2, --smoke), not a result."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -11,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from openrlhf_sgrpo.demo.study import study_table, summarize
+from openrlhf_sgrpo.demo.arms import RANDOM_STRATA, arms_for, parse_arms
+from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, study_table, summarize
+from openrlhf_sgrpo.demo.study_runner import DONE, SeedJob, demo_argv, read_progress, run_parallel
 from openrlhf_sgrpo.engine import processor
+from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.testing import shifted_seed
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "study" / "sgrpo_vs_grpo.py"
@@ -38,43 +43,138 @@ def test_summary_is_mean_and_population_std_over_seeds():
     assert "0.500 ± 0.250" in study_table({"GRPO": s})
 
 
-@pytest.mark.slow
-def test_study_runs_seeds_times_arms_and_writes_one_table_and_one_plot(tmp_path, capsys, monkeypatch):
-    """Run with --no-sandbox as the lent GPU machine runs it: that image has no bubblewrap, so the
-    local sandbox cannot start there (2026-11-27, H100); here starting one fails the test."""
-    from sandbox.process import SandboxProcess
+def test_random_strata_arm_carries_its_stratify_by_into_the_trainer():
+    from openrlhf_sgrpo.demo.options import parse_args, train_config
 
-    def no_bubblewrap(self):
-        raise AssertionError("the study started a sandbox despite --no-sandbox")
-
-    monkeypatch.setattr(SandboxProcess, "__enter__", no_bubblewrap)
-    out = tmp_path / "study"
-    seeds = [str(shifted_seed(0)), str(shifted_seed(1))]
-    assert load_script().main(["--out", str(out), "--smoke", "--seeds", *seeds, "--arms", "grpo,sgrpo:1.0",
-                               "--", "--steps", "1", "--no-sandbox"]) == 0
-    text = capsys.readouterr().out
-    assert "sandbox   not started (--no-sandbox)" in text
-    table = (out / "study_table.md").read_text()
-    assert table.strip() in text
-    for row in ("GRPO", "Stratified GRPO (alpha 1)", "after warm-up (start)"):
-        assert f"| {row} " in table
-    assert (out / "study.png").stat().st_size > 10_000
-    study = json.loads((out / "study.json").read_text())
-    assert study["environment"]["device"] == "cpu" and study["environment"]["torch"]
-    assert {k: study["environment"][k] for k in ("processor", "cpu_isa")} == processor()
-    assert sorted(study["per_seed"]) == sorted(seeds)
-    for seed in seeds:  # each seed: its own demo run, both arms from the same warm-up
-        folder = out / f"seed_{seed}"
-        assert (folder / "grpo" / "metrics.jsonl").exists() and (folder / "sgrpo_a1" / "metrics.jsonl").exists()
-        assert set(study["per_seed"][seed]["arms"]) == {"GRPO", "Stratified GRPO (alpha 1)"}
-    for label, s in study["summary"].items():
-        assert s["seeds"] == 2 and not math.isnan(s["hop2/em"][0]), label
+    assert parse_arms(DEFAULT_ARMS) == [("grpo", 0.0, None), ("stratified_grpo", 0.8, None),
+                                        ("stratified_grpo", 0.8, RANDOM_STRATA)]
+    args = parse_args(["--smoke", "--arms", DEFAULT_ARMS, "--out", "unused"])
+    arms = arms_for(args)
+    assert [a.label for a in arms] == ["GRPO", "Stratified GRPO (alpha 0.8)", "Random strata (alpha 0.8)"]
+    assert len({a.dir for a in arms}) == 3
+    by_arm = [train_config(args, a.estimator, a.alpha, a.stratify_by).adv for a in arms]
+    assert [(c.estimator, c.alpha, c.stratify_by) for c in by_arm] == [
+        ("grpo", 0.0, "tool_calls"), ("stratified_grpo", 0.8, "tool_calls"), ("stratified_grpo", 0.8, RANDOM_STRATA)]
 
 
 def test_bad_arms_are_named(capsys):
     from openrlhf_sgrpo.demo.options import parse_args
 
-    for bad in ("sgrpo", "sgrpo:2", "ppo", "grpo,grpo"):
+    for bad in ("sgrpo", "sgrpo:2", "ppo", "grpo,grpo", "random", "random:x", "random:0.8,random:0.8"):
         with pytest.raises(SystemExit):
             parse_args(["--arms", bad])
         assert "--arms" in capsys.readouterr().err
+
+
+def test_study_flags_are_checked_before_any_process(tmp_path, capsys):
+    script = load_script()
+    for argv, named in ((["--gpu-memory-share", "1.5"], "--gpu-memory-share '1.5'"), (["--jobs", "0"], "--jobs"),
+                        (["--arms", "random:2"], "random:2"), (["--", "--seed", "3"], "--seed after `--`"),
+                        (["--", "--steps", "0"], "--steps")):
+        with pytest.raises(SystemExit):
+            script.main(["--out", str(tmp_path / "s"), *argv])
+        assert named in capsys.readouterr().err, argv
+    assert not (tmp_path / "s").exists()
+
+
+def test_gpu_share_is_read_and_a_bad_one_named(monkeypatch):
+    from openrlhf_sgrpo.demo.stack import GPU_SHARE_ENV, gpu_memory_share
+
+    monkeypatch.delenv(GPU_SHARE_ENV, raising=False)
+    assert gpu_memory_share() is None
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.12")
+    assert gpu_memory_share() == 0.12
+    for bad in ("0", "1.2", "half"):
+        monkeypatch.setenv(GPU_SHARE_ENV, bad)
+        with pytest.raises(ValueError, match=repr(bad)):
+            gpu_memory_share()
+
+
+def test_progress_lines_come_from_the_step_logs(tmp_path):
+    folder = tmp_path / "seed_0"
+    (folder / "grpo").mkdir(parents=True)
+    log = folder / "grpo" / "metrics.jsonl"
+    rows = [{"phase": "arm_start", "step": 0, "time": 100.0},
+            {"phase": "train", "step": 1, "time": 107.5, "reward": 0.5, "hop2/search_calls": 1.25,
+             "hop2/two_search_share": 0.25, "hop2/em": 0.0}]
+    log.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + '{"phase": "train", "st')  # a line being written
+    job = SeedJob(0, [], folder, tmp_path / "log")
+    lines = read_progress(job, t0=100.0)
+    assert len(lines) == 1 and "seed 0 grpo" in lines[0] and "step   1 (  7.5 s) reward 0.500" in lines[0]
+    assert "two-search share 0.250" in lines[0]
+    with open(log, "a") as f:
+        f.write('ep": 2, "time": 110.0, "reward": 0.75}\n')
+    assert read_progress(job, t0=100.0)[0].split("step")[1].startswith("   2 (  2.5 s) reward 0.750")
+    assert read_progress(job, t0=100.0) == []
+
+
+def test_resume_skips_finished_seeds_and_resumes_started_ones(tmp_path):
+    (tmp_path / "seed_0").mkdir()
+    (tmp_path / "seed_0" / DONE).write_text("{}")
+    lines: list[str] = []
+    assert run_parallel([0], tmp_path, "grpo", [], resume=True, emit=lines.append) == {0: 0}
+    assert any("seed 0: done in an earlier run" in line for line in lines)
+    assert "--resume" not in demo_argv(1, tmp_path, "grpo", [], resume=True)  # nothing there yet
+    (tmp_path / "seed_1").mkdir()
+    (tmp_path / "seed_1" / "args.json").write_text("{}")
+    assert demo_argv(1, tmp_path, "grpo", [], resume=True)[-1] == "--resume"
+    assert "--resume" not in demo_argv(1, tmp_path, "grpo", [], resume=False)
+
+
+def _span(folder: Path) -> tuple[float, float]:
+    """First and last step-log time of a seed's run (its own log and its arms'), from the files."""
+    times = [r["time"] for p in folder.glob("**/metrics.jsonl") for r in read_step_log(p)]
+    return min(times), max(times)
+
+
+@pytest.mark.slow
+def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_folders(tmp_path, capsys):
+    """Two seeds side by side through the real entry point, a third whose demo fails at once (its
+    folder holds a run and no --resume is given); run with --no-sandbox as the lent GPU machine
+    runs it (that image has no bubblewrap)."""
+    from openrlhf_sgrpo.demo.study_report import read_seeds, summarize as report_summary, write_report
+
+    out = tmp_path / "study"
+    seeds = [shifted_seed(0), shifted_seed(1)]
+    bad = shifted_seed(7)
+    (out / f"seed_{bad}").mkdir(parents=True)
+    (out / f"seed_{bad}" / "args.json").write_text("{}")  # "already holds a run"
+    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad),
+                             "--session", "test", "--", "--steps", "1", "--no-sandbox", "--engine", "hf"])
+    captured = capsys.readouterr()
+    assert rc == 1  # one seed failed; the others' results are written
+    failed_log = out / "logs" / f"seed_{bad}.log"
+    assert f"seed {bad} FAILED (exit 1)" in captured.out and f"log: {failed_log}" in captured.out
+    assert "already holds a run" in failed_log.read_text()
+    # concurrency, from the processes' own step logs: the two runs' time spans overlap
+    (a0, a1), (b0, b1) = (_span(out / f"seed_{s}") for s in seeds)
+    assert max(a0, b0) < min(a1, b1), ((a0, a1), (b0, b1))
+    progress = (out / "progress.log").read_text()
+    labels = ("GRPO", "Stratified GRPO (alpha 0.8)", "Random strata (alpha 0.8)")
+    for s in seeds:
+        assert "sandbox   not started (--no-sandbox)" in (out / "logs" / f"seed_{s}.log").read_text()
+        for arm_dir in ("grpo", "sgrpo_a0.8", "random_a0.8"):
+            assert f"seed {s} {arm_dir:<12} step   1" in progress
+    table = (out / "study_table.md").read_text()
+    for row in (*labels, "after warm-up (start)"):
+        assert f"| {row} " in table
+    study = json.loads((out / "study.json").read_text())
+    assert {k: study["environment"][k] for k in ("processor", "cpu_isa")} == processor()
+    assert sorted(study["per_seed"]) == sorted(map(str, seeds)) and str(bad) in study["failed"]
+    for label, s in study["summary"].items():
+        assert s["seeds"] == 2 and not math.isnan(s["hop2/em"][0]), label
+    # the seed folders: small, in the committed form, and what the report aggregates
+    committed = read_seeds(out / "seeds")
+    assert sorted(c["folder"] for c in committed) == [f"test_cpu_seed{s}" for s in seeds]
+    for folder in (out / "seeds").iterdir():
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 50_000
+    for c in committed:
+        assert list(c["arms"]) == list(labels)
+        assert all(len(c["steps"][label]) == 1 and c["steps"][label][0]["wall_s"] > 0 for label in labels)
+        assert c["arms"]["Random strata (alpha 0.8)"]["stratify_by"] == RANDOM_STRATA
+    summary = report_summary(committed)
+    for label in labels:
+        em2 = [c["arms"][label]["heldout"]["hop2/em"] for c in committed]
+        assert summary[label]["EM 2-hop"]["n"] == 2 and summary[label]["EM 2-hop"]["mean"] == pytest.approx(sum(em2) / 2)
+    table_path, figure = write_report(out / "seeds", tmp_path / "report")
+    assert "2 seed folder(s) from 1 session(s)" in table_path.read_text() and figure.stat().st_size > 10_000

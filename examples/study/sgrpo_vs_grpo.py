@@ -1,47 +1,118 @@
-"""GRPO vs Stratified GRPO (alpha 0.6 / 0.8 / 1.0) on the demo's search task, several seeds.
+"""GRPO vs Stratified GRPO (alpha 0.8) vs random strata (alpha 0.8) on the demo's search task, seeds side by side.
 
-On a GPU (the settings the study was written for; one seed takes one warm-up and four arms):
+On a lent H200 (docs/study.md: why 3 processes, their memory and time):
 
-    python examples/study/sgrpo_vs_grpo.py --out runs/study --seeds 0 1 2 -- \
-        --device cuda --steps 60 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 \
-        --micro-batch-size 8 --concurrency 64
+    python examples/study/sgrpo_vs_grpo.py --out runs/study --seeds 0 1 2 --gpu-memory-share 0.12 -- \
+        --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 \
+        --micro-batch-size 8 --concurrency 64 --no-sandbox
 
-Everything after ``--`` goes to ``python -m openrlhf_sgrpo.demo`` for every seed. Writes
-``OUT/study_table.md`` (held-out EM/F1 by hop, searches, two-search share after RL: mean ± std over
-seeds), ``OUT/study.png`` (training curves, mean over seeds) and ``OUT/study.json`` (per seed, plus
-the device and library versions). ``--resume`` continues every seed's run where it stopped.
-``--smoke`` runs it tiny on a CPU (tiny random Qwen2; a check of the plumbing, not a result).
+Everything after ``--`` goes to ``python -m openrlhf_sgrpo.demo`` for every seed. Each seed is its
+own demo process (one warm-up, then every arm from the same warm-up weights), ``--jobs`` of them at
+once (default: all), each vLLM engine with ``--gpu-memory-share`` of the GPU; one line per step per
+process goes to ``OUT/progress.log`` and stdout, each process's output to ``OUT/logs/seed_<s>.log``.
+A seed that fails is reported with its log; the others go on. Writes ``OUT/study_table.md``,
+``OUT/study.png``, ``OUT/study.json`` (this session's seeds) and, per finished seed, a small seed
+folder under ``OUT/seeds/`` to commit (``docs/study.md``; ``python -m
+openrlhf_sgrpo.demo.study_report`` aggregates every committed one). ``--resume`` continues every
+seed's run where it stopped and skips the finished ones. ``--smoke`` runs it tiny on a CPU (tiny
+random Qwen2; a check of the plumbing, not a result). Exit status: 0, 1 if a seed failed, 130
+when interrupted (what finished is written either way).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
-from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, run_seeds, write_study
+from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, write_study
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"--gpu-memory-share {text!r}: a fraction of the GPU's memory in (0, 1]")
+    return value
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The study's own flags (before ``--``) and the demo's (after it), both checked before any
+    process starts: a bad demo flag would otherwise fail every seed's process alike."""
+    from openrlhf_sgrpo.demo.arms import parse_arms
+    from openrlhf_sgrpo.demo.options import parse_args
+
     demo_args = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="sgrpo_vs_grpo.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="study folder (one demo run per seed inside)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", default=DEFAULT_ARMS, help=f"the demo's --arms (default {DEFAULT_ARMS})")
+    p.add_argument("--jobs", type=int, default=None, help="seed processes at once (default: every seed)")
+    p.add_argument("--gpu-memory-share", type=_share, default=None,
+                   help="each process's vLLM engine may claim this fraction of the GPU's memory (vLLM's "
+                        "gpu_memory_utilization; its default 0.85 lets one engine start); unset on a CPU")
+    p.add_argument("--session", default=None,
+                   help="name of this session in the seed folders (default: UTC date and time, YYYYMMDD-HHMM)")
+    p.add_argument("--seeds-out", default=None, help="where the seed folders go (default OUT/seeds)")
     p.add_argument("--resume", action="store_true", help="continue the seeds' runs in --out")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the whole study (tests)")
     args = p.parse_args(own)
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds repeats a seed: {args.seeds}")
+    if args.jobs is not None and args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        parse_arms(args.arms)
+    except ValueError as err:
+        p.error(str(err))
     if args.smoke:
         demo_args = ["--smoke", *demo_args]
-    results = run_seeds(args.seeds, Path(args.out), args.arms, demo_args, resume=args.resume)
-    table = write_study(results, Path(args.out), argv)
+    for own_flag in ("--seed", "--out", "--arms", "--resume", "--compare"):
+        if own_flag in demo_args:
+            p.error(f"{own_flag} after `--` is the study's to set per seed; pass the study's own flags before `--`")
+    parse_args([*demo_args, "--arms", args.arms, "--out", "unused"])  # exits naming a bad demo flag
+    args.session = args.session or time.strftime("%Y%m%d-%H%M", time.gmtime())
+    return args, demo_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from openrlhf_sgrpo.demo.study_runner import run_parallel, seed_dir
+    from openrlhf_sgrpo.demo.study_seeds import export_seed, git_commit, load_seed_run
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, demo_args = parse(argv)
+    out = Path(args.out)
+    interrupted = False
+    try:
+        codes = run_parallel(args.seeds, out, args.arms, demo_args, resume=args.resume, jobs=args.jobs,
+                             gpu_share=args.gpu_memory_share)
+    except KeyboardInterrupt:
+        interrupted, codes = True, {}
+    done = [s for s in args.seeds if (seed_dir(out, s) / "study_done.json").exists()]
+    failed = {s: rc for s, rc in codes.items() if rc != 0}
+    if not done:
+        print(f"\nno seed finished (failed: {failed or 'none'}; logs under {out / 'logs'})", file=sys.stderr)
+        return 130 if interrupted else 1
+    results = {s: load_seed_run(seed_dir(out, s), args.arms) for s in done}
+    env_path = seed_dir(out, done[0]) / "environment.json"
+    extra = {"environment": json.loads(env_path.read_text()) if env_path.exists() else None,
+             "failed": {str(s): {"exit": rc, "log": str(out / "logs" / f"seed_{s}.log")} for s, rc in failed.items()},
+             "session": args.session}
+    table = write_study(results, out, argv, extra)
+    commit = git_commit()
+    seeds_out = Path(args.seeds_out) if args.seeds_out else out / "seeds"
+    folders = [export_seed(seed_dir(out, s), s, args.arms, seeds_out, args.session, argv, commit) for s in done]
     print("\n" + table)
-    print(f"\nwrote {Path(args.out) / 'study_table.md'}, {Path(args.out) / 'study.png'}, {Path(args.out) / 'study.json'}")
-    return 0
+    print(f"\nwrote {out / 'study_table.md'}, {out / 'study.png'}, {out / 'study.json'}")
+    print("seed folders to commit: " + ", ".join(str(f) for f in folders))
+    for s, rc in failed.items():
+        print(f"seed {s} FAILED (exit {rc}): {out / 'logs' / f'seed_{s}.log'}", file=sys.stderr)
+    return 130 if interrupted else (1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def _train_arm(args, arm, model, tok, rollouts, engine, data, stages, logger) ->
     from openrlhf_sgrpo.local.step_log import StepLogger, read_step_log
     from openrlhf_sgrpo.local.trainer import LocalTrainer
 
-    tcfg = train_config(args, arm.estimator, arm.alpha)
+    tcfg = train_config(args, arm.estimator, arm.alpha, arm.stratify_by)
     stages(f"train {args.steps} steps of {arm.label}")
     print(f"{tcfg.optimizer_steps_per_rollout} optimizer step(s) per rollout of {tcfg.rollout_batch_size} "
           f"samples (train batch {tcfg.mini_batch_size}, {tcfg.max_epochs} epoch(s)); gradient "

@@ -148,9 +148,11 @@ def _default_train_batch(args: argparse.Namespace) -> int:
     return rollout
 
 
-def train_config(args: argparse.Namespace, estimator: str | None = None, alpha: float | None = None):
+def train_config(args: argparse.Namespace, estimator: str | None = None, alpha: float | None = None,
+                 stratify_by: str | None = None):
     """The trainer's settings from the demo's flags (raises ValueError naming a bad one); an arm of
-    ``--compare`` passes its own estimator and alpha."""
+    ``--compare`` passes its own estimator and alpha, and the random-strata arm its own
+    ``stratify_by`` (None: the run's ``--stratify-by``)."""
     from openrlhf_sgrpo.calibadv import CalibAdvConfig
     from openrlhf_sgrpo.local.experience_maker import AdvantageConfig
     from openrlhf_sgrpo.local.loss import LossConfig
@@ -163,5 +165,5 @@ def train_config(args: argparse.Namespace, estimator: str | None = None, alpha: 
         gradient_checkpointing=args.gradient_checkpointing, lr=args.lr, seed=args.seed,
         record_groups=args.record_groups,
         adv=AdvantageConfig(estimator=estimator or args.estimator, alpha=args.alpha if alpha is None else alpha,
-                            stratify_by=args.stratify_by, calibadv=CalibAdvConfig() if args.calibadv else None),
+                            stratify_by=stratify_by or args.stratify_by, calibadv=CalibAdvConfig() if args.calibadv else None),
         loss=LossConfig(kl_coef=args.kl_coef, sapo=SAPOConfig() if args.sapo else None))

@@ -1,11 +1,13 @@
 """The GRPO vs Stratified GRPO study: seeds x arms on the demo's task, one table and one plot.
 
 For each seed, one demo run (``python -m openrlhf_sgrpo.demo --arms ...``: one warm-up, then every
-arm trained from the same warm-up weights, questions and number of steps) in ``OUT/seed_<s>``;
-then the held-out numbers after RL of every (seed, arm) are put in one table (mean ± standard
-deviation over seeds) and the training curves (mean over seeds) in one figure. The device and
-library versions go into ``study.json`` beside them, for docs/runner.md. Meant for a GPU
-(``examples/study/sgrpo_vs_grpo.py`` has the settings); ``--smoke`` runs it tiny on a CPU.
+arm trained from the same warm-up weights, questions and number of steps) in ``OUT/seed_<s>``, the
+seeds' runs side by side as processes (``demo/study_runner.py``); then the held-out numbers after
+RL of every (seed, arm) are put in one table (mean ± standard deviation over seeds) and the
+training curves (mean over seeds) in one figure, for this session. Each finished seed is also
+exported as a small seed folder (``demo/study_seeds.py``) that is committed and aggregated over
+sessions by ``demo/study_report.py``. Meant for a GPU (``examples/study/sgrpo_vs_grpo.py`` has the
+settings); ``--smoke`` runs it tiny on a CPU.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from openrlhf_sgrpo.demo.environment import environment
 from openrlhf_sgrpo.eval.table import format_table
 
-DEFAULT_ARMS = "grpo,sgrpo:0.6,sgrpo:0.8,sgrpo:1.0"
+# GRPO, Stratified GRPO, and its control: the same estimator over random strata of the same sizes
+DEFAULT_ARMS = "grpo,sgrpo:0.8,random:0.8"
 # (column, key of the held-out summary after RL)
 TABLE_KEYS = (("EM 1-hop", "hop1/em"), ("EM 2-hop", "hop2/em"), ("F1 2-hop", "hop2/f1"),
               ("searches/q 2-hop", "hop2/search_calls"), ("2-search share 2-hop", "hop2/two_search_share"),
@@ -26,26 +29,6 @@ TABLE_KEYS = (("EM 1-hop", "hop1/em"), ("EM 2-hop", "hop2/em"), ("F1 2-hop", "ho
 CURVE_KEYS = (("reward", "reward"), ("hop2/em", "EM on two-hop prompts"),
               ("hop2/two_search_share", "two-search share on two-hop prompts"),
               ("sgrpo/strata_per_prompt", "strata per prompt"))
-
-
-def seed_dir(out: Path, seed: int) -> Path:
-    return Path(out) / f"seed_{seed}"
-
-
-def run_seeds(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False) -> dict[int, dict]:
-    """One demo run per seed (resumed where its folder exists and ``resume``); its results dict."""
-    from openrlhf_sgrpo.demo.__main__ import run
-    from openrlhf_sgrpo.demo.options import parse_args
-
-    results = {}
-    for seed in seeds:
-        folder = seed_dir(out, seed)
-        argv = [*demo_args, "--arms", arms, "--seed", str(seed), "--out", str(folder)]
-        if resume and folder.exists():
-            argv.append("--resume")
-        print(f"\n##### seed {seed}: python -m openrlhf_sgrpo.demo {' '.join(argv)}", flush=True)
-        results[seed] = run(parse_args(argv))
-    return results
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -62,8 +45,8 @@ def summarize(results: dict[int, dict]) -> dict[str, dict]:
     for res in results.values():
         for label, after in res["arms"].items():
             cell = arms.setdefault(label, {})
-            for _, key in TABLE_KEYS:
-                cell.setdefault(key, []).append(after.get(key))
+            for _, key in TABLE_KEYS:  # an arm cut off before its evaluation has no held-out numbers
+                cell.setdefault(key, []).append((after or {}).get(key))
             last = res["steps"][label][-1] if res["steps"][label] else {}
             cell.setdefault("final_reward", []).append(last.get("reward"))
     return {label: {"seeds": len(next(iter(cells.values()))),
@@ -124,7 +107,7 @@ def plot_study(results: dict[int, dict], path: Path) -> Path:
     return path
 
 
-def write_study(results: dict[int, dict], out: Path, argv: list[str]) -> str:
+def write_study(results: dict[int, dict], out: Path, argv: list[str], extra: dict | None = None) -> str:
     """``study_table.md``, ``study.png`` and ``study.json`` under ``out``; returns the table."""
     summary = summarize(results)
     table = study_table(summary, warmup_summary(results))
@@ -132,9 +115,10 @@ def write_study(results: dict[int, dict], out: Path, argv: list[str]) -> str:
     (out / "study_table.md").write_text(table + "\n")
     plot_study(results, out / "study.png")
     (out / "study.json").write_text(json.dumps({
-        "argv": argv, "environment": environment(), "seeds": sorted(results),
+        "argv": argv, "environment": (extra or {}).get("environment") or environment(), "seeds": sorted(results),
         "summary": {label: {k: list(v) if isinstance(v, tuple) else v for k, v in s.items()}
                     for label, s in summary.items()},
         "per_seed": {str(seed): {"after_warmup": r["after_warmup"], "arms": r["arms"]} for seed, r in results.items()},
+        **(extra or {}),
     }, indent=1))
     return table

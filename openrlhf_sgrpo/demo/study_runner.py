@@ -1,0 +1,198 @@
+"""The study's seeds side by side: one demo process per seed, several at once on one machine.
+
+Why processes and not threads or one process: each demo run holds its own policy, optimizer,
+vLLM engine and retriever; a process is the unit the GPU's memory can be split by (each engine
+gets ``--gpu-memory-share`` of the device, ``demo/stack.py``), and the unit that can fail alone
+(one seed's crash leaves the others running; its exit status and log path are reported). Each
+process is a whole ``python -m openrlhf_sgrpo.demo --arms ...`` run, so a seed still does one
+warm-up and trains every arm from the same warm-up weights, and ``--resume`` is the demo's own.
+
+Progress: the runner reads every seed's step logs (``metrics.jsonl``, one record per step with
+the wall-clock time the step was logged) as they grow and writes one line per step per process
+into ``OUT/progress.log`` (and stdout). The processes' own output goes to ``OUT/logs/seed_<s>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Callable
+
+from openrlhf_sgrpo.demo.stack import GPU_SHARE_ENV
+
+DONE = "study_done.json"  # written in a seed's folder when its process exited 0 (--resume skips it)
+
+
+def seed_dir(out: Path, seed: int) -> Path:
+    return Path(out) / f"seed_{seed}"
+
+
+def log_path(out: Path, seed: int) -> Path:
+    return Path(out) / "logs" / f"seed_{seed}.log"
+
+
+@dataclass
+class SeedJob:
+    """One seed's demo process, its log and where the progress reader stands in its step logs."""
+
+    seed: int
+    argv: list[str]
+    folder: Path
+    log: Path
+    proc: subprocess.Popen | None = None
+    log_file: IO | None = None
+    started: float = 0.0
+    rc: int | None = None
+    offsets: dict[Path, int] = field(default_factory=dict)  # metrics.jsonl -> bytes read
+    last_time: dict[Path, float] = field(default_factory=dict)  # metrics.jsonl -> time of its last record
+
+
+def demo_argv(seed: int, out: Path, arms: str, demo_args: list[str], resume: bool) -> list[str]:
+    """The demo's command line for one seed (``--resume`` where its folder already holds a run)."""
+    folder = seed_dir(out, seed)
+    argv = [sys.executable, "-m", "openrlhf_sgrpo.demo", *demo_args, "--arms", arms, "--seed", str(seed),
+            "--out", str(folder)]
+    if resume and folder.exists() and any(folder.iterdir()):
+        argv.append("--resume")
+    return argv
+
+
+def _step_line(job: SeedJob, path: Path, rec: dict, t0: float) -> str | None:
+    """One progress line for a step-log record (train steps and held-out evaluations), else None."""
+    where = path.parent.name if path.parent != job.folder else "run"
+    phase, t = rec.get("phase"), rec.get("time") or time.time()
+    head = f"[study] T+{t - t0:6.0f} s seed {job.seed} {where:<12}"
+    if phase == "train":
+        prev = job.last_time.get(path)
+        took = f" ({t - prev:5.1f} s)" if prev is not None else ""
+        fmt = lambda k: "  -  " if rec.get(k) is None else f"{rec[k]:.3f}"  # noqa: E731
+        return (f"{head} step {rec.get('step'):>3}{took} reward {fmt('reward')} searches/2-hop q "
+                f"{fmt('hop2/search_calls')} two-search share {fmt('hop2/two_search_share')} hop2 EM {fmt('hop2/em')}")
+    if phase and phase.startswith("eval"):
+        return f"{head} {phase}: held-out EM 1-hop {rec.get('hop1/em', float('nan')):.3f} 2-hop {rec.get('hop2/em', float('nan')):.3f}"
+    return None
+
+
+def read_progress(job: SeedJob, t0: float) -> list[str]:
+    """New progress lines from every step log under the seed's folder since the last call."""
+    lines = []
+    if not job.folder.exists():
+        return lines
+    for path in sorted(job.folder.glob("**/metrics.jsonl")):
+        if "checkpoints" in path.parts:
+            continue
+        with open(path, "rb") as f:
+            f.seek(job.offsets.get(path, 0))
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+        job.offsets[path] = job.offsets.get(path, 0) + len(complete)
+        for raw in complete.splitlines():
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            line = _step_line(job, path, rec, t0)
+            if rec.get("time") is not None:
+                job.last_time[path] = rec["time"]
+            if line:
+                lines.append(line)
+    return lines
+
+
+def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False,
+                 jobs: int | None = None, gpu_share: float | None = None, poll_s: float = 1.0,
+                 emit: Callable[[str], None] | None = None) -> dict[int, int]:
+    """Run one demo process per seed, ``jobs`` at a time (default: all); returns seed -> exit status.
+
+    A seed whose folder holds ``study_done.json`` is skipped under ``resume`` (exit status 0). A
+    failed process is reported with its log and the others go on; Ctrl-C (or ``timeout -s INT``
+    on the process group, as gpu_vllm_run.sh sends it) reaches every demo, which keeps its last
+    checkpoint for ``--resume``; the runner then waits for them to finish writing."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    progress = open(out / "progress.log", "a", encoding="utf-8")
+    t0 = time.time()
+
+    def say(line: str) -> None:
+        progress.write(line + "\n")
+        progress.flush()
+        (emit or (lambda s: print(s, flush=True)))(line)
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu_share is not None:
+        env[GPU_SHARE_ENV] = f"{gpu_share:g}"
+    results: dict[int, int] = {}
+    pending: list[SeedJob] = []
+    for seed in seeds:
+        folder = seed_dir(out, seed)
+        if resume and (folder / DONE).exists():
+            say(f"[study] seed {seed}: done in an earlier run ({folder / DONE}), skipped")
+            results[seed] = 0
+            continue
+        pending.append(SeedJob(seed, demo_argv(seed, out, arms, demo_args, resume), folder, log_path(out, seed)))
+    width = max(1, jobs or len(pending) or 1)
+    running: list[SeedJob] = []
+    say(f"[study] {len(pending)} seed process(es), {width} at a time"
+        + (f", each vLLM engine {gpu_share:g} of the GPU's memory" if gpu_share is not None else ""))
+    try:
+        while pending or running:
+            while pending and len(running) < width:
+                job = pending.pop(0)
+                job.log.parent.mkdir(parents=True, exist_ok=True)
+                job.log_file = open(job.log, "a", encoding="utf-8")
+                job.log_file.write(f"$ {' '.join(job.argv)}\n")
+                job.log_file.flush()
+                job.started = time.time()
+                job.proc = subprocess.Popen(job.argv, stdout=job.log_file, stderr=subprocess.STDOUT, env=env)
+                say(f"[study] T+{job.started - t0:6.0f} s seed {job.seed} started (pid {job.proc.pid}), log {job.log}")
+                running.append(job)
+            time.sleep(poll_s)
+            for job in list(running):
+                for line in read_progress(job, t0):
+                    say(line)
+                rc = job.proc.poll()
+                if rc is None:
+                    continue
+                for line in read_progress(job, t0):  # what it wrote before it exited
+                    say(line)
+                running.remove(job)
+                job.log_file.close()
+                job.rc = results[job.seed] = rc
+                took = time.time() - job.started
+                if rc == 0:
+                    (job.folder / DONE).write_text(json.dumps({"seed": job.seed, "argv": job.argv, "seconds": took}))
+                    say(f"[study] T+{time.time() - t0:6.0f} s seed {job.seed} done in {took:.0f} s")
+                else:
+                    say(f"[study] T+{time.time() - t0:6.0f} s seed {job.seed} FAILED (exit {rc}) after {took:.0f} s; "
+                        f"log: {job.log}")
+    except KeyboardInterrupt:
+        say("[study] interrupted: waiting for the seeds' processes to keep their checkpoints (--resume continues)")
+        _wind_down(running)
+        for job in running:
+            results[job.seed] = job.proc.returncode if job.proc.returncode is not None else -2
+        raise
+    finally:
+        progress.close()
+    return results
+
+
+def _wind_down(running: list[SeedJob], grace_s: float = 60.0) -> None:
+    """Let the demos (which got the same SIGINT) save and exit; then end the ones still running."""
+    deadline = time.time() + grace_s
+    for job in running:
+        try:
+            job.proc.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            job.proc.terminate()
+            try:
+                job.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                job.proc.kill()
+        if job.log_file:
+            job.log_file.close()

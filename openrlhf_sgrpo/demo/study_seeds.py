@@ -1,0 +1,131 @@
+"""One seed of the study as small data files: what gets committed, so sessions add up.
+
+A demo run's folder holds checkpoints, rollout records and predictions (megabytes); the study's
+evidence is much less: per arm, per step, the training curves and the mechanism keys, and the
+held-out table after RL, plus where the numbers come from (device, versions, commit, argv). A
+seed folder (``<session>_<device>_seed<k>/``) holds exactly that in two files:
+
+- ``seed.json``: ``schema``, ``session``, ``device``, ``seed``, ``commit``, ``argv``,
+  ``environment``, ``after_warmup`` (held-out) and ``arms``: label -> ``{dir, estimator, alpha,
+  stratify_by, heldout}`` (held-out after RL);
+- ``steps.jsonl``: one line per (arm, step): ``arm``, ``step``, ``wall_s`` (seconds since the
+  previous step, or since the arm started) and the :data:`STEP_KEYS` and ``sgrpo/stratum*`` keys
+  the step logged.
+
+``study_report.py`` reads every such folder; nothing is regenerated from the big run folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from openrlhf_sgrpo.local.step_log import read_step_log
+
+SCHEMA = 1
+# held-out keys kept per arm (demo/hops.py's names)
+HELDOUT_KEYS = ("em", "f1", "hop1/em", "hop2/em", "hop2/f1", "search_calls", "hop1/search_calls",
+                "hop2/search_calls", "hop2/two_search_share", "answered", "n")
+# per-step training keys kept (the mechanism's sgrpo/stratum{k}/* keys are kept too, whatever k)
+STEP_KEYS = ("reward", "em", "f1", "search_calls", "tool_calls", "answered", "hop1/em", "hop2/em",
+             "hop1/search_calls", "hop2/search_calls", "hop2/two_search_share", "sgrpo/strata_per_prompt",
+             "sgrpo/constant_group_share", "time/experience_s", "time/update_s", "time/weight_sync_s")
+STRATUM_KEY = re.compile(r"^sgrpo/stratum\d+/")
+
+
+def _last(records: list[dict], phase: str) -> dict | None:
+    rows = [r for r in records if r.get("phase") == phase]
+    return rows[-1] if rows else None
+
+
+def _train_steps(records: list[dict]) -> list[dict]:
+    """Train records by step, the last of each (a resumed run redoes the steps after its
+    checkpoint), each with ``wall_s``: seconds since the step before it or the arm's start."""
+    by_step: dict[int, dict] = {}
+    for r in records:
+        if r.get("phase") == "train":
+            by_step[int(r["step"])] = r
+    start = _last(records, "arm_start")
+    steps, prev = [], (start or {}).get("time")
+    for k in sorted(by_step):
+        r = dict(by_step[k])
+        r["wall_s"] = (r["time"] - prev) if prev is not None and r.get("time") is not None else None
+        prev = r.get("time")
+        steps.append(r)
+    return steps
+
+
+def load_seed_run(folder: Path, arms: str) -> dict:
+    """A finished (or cut-off) demo run of ``--arms arms`` read back from its folder, in the form
+    ``demo.__main__.run`` returns (``after_warmup``, ``arms``: label -> held-out after RL or None,
+    ``steps``: label -> train records)."""
+    from openrlhf_sgrpo.demo.arms import arms_for
+
+    folder = Path(folder)
+    run_records = read_step_log(folder / "metrics.jsonl")
+    warm = _last(run_records, "eval_warmup")
+    result: dict = {"after_warmup": warm, "arms": {}, "steps": {}, "arm_meta": {}}
+    for arm in arms_for(argparse.Namespace(out=folder, arms=arms)):
+        records = read_step_log(arm.dir / "metrics.jsonl")
+        result["arms"][arm.label] = _last(records, "eval_after")
+        result["steps"][arm.label] = _train_steps(records)
+        result["arm_meta"][arm.label] = {"dir": arm.dir.name, "estimator": arm.estimator, "alpha": arm.alpha,
+                                         "stratify_by": arm.stratify_by}
+    return result
+
+
+def _pick(record: dict | None, keys) -> dict | None:
+    if record is None:
+        return None
+    return {k: record[k] for k in keys if k in record}
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """The commit the run's code came from ("unknown" outside a git checkout, e.g. a copied tree)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo or Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo or Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def device_tag(env: dict) -> str:
+    """A folder-name-safe device name: ``cpu``, ``nvidia-h200``..."""
+    return re.sub(r"[^a-z0-9]+", "-", str(env.get("device", "unknown")).lower()).strip("-") or "unknown"
+
+
+def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: str, argv: list[str],
+                commit: str | None = None) -> Path:
+    """Write ``dest_root/<session>_<device>_seed<k>/{seed.json,steps.jsonl}`` from a seed's run folder."""
+    folder = Path(folder)
+    env_path = folder / "environment.json"
+    env = json.loads(env_path.read_text()) if env_path.exists() else {}
+    run = load_seed_run(folder, arms)
+    dest = Path(dest_root) / f"{session}_{device_tag(env)}_seed{seed}"
+    dest.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "schema": SCHEMA, "session": session, "device": env.get("device", "unknown"), "seed": seed,
+        "commit": commit or git_commit(), "argv": argv, "environment": env,
+        "after_warmup": _pick(run["after_warmup"], HELDOUT_KEYS),
+        "arms": {label: {**run["arm_meta"][label], "heldout": _pick(after, HELDOUT_KEYS),
+                         "steps": len(run["steps"][label])}
+                 for label, after in run["arms"].items()},
+    }
+    (dest / "seed.json").write_text(json.dumps(meta, indent=1) + "\n")
+    lines = []
+    for label, steps in run["steps"].items():
+        for r in steps:
+            row = {"arm": label, "step": r["step"], "time": r.get("time"), "wall_s": r.get("wall_s")}
+            row.update({k: r[k] for k in STEP_KEYS if k in r})
+            row.update({k: v for k, v in r.items() if STRATUM_KEY.match(k) and isinstance(v, (int, float))})
+            lines.append(json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in row.items()}))
+    (dest / "steps.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""))
+    return dest
