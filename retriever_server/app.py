@@ -135,6 +135,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
         snap = state.metrics.snapshot()
         if state.retriever is not None:
             snap["memory"] = state.retriever.memory()
+            snap["calibration"] = state.retriever.calibration()
         if state.service is not None:
             c = state.service.cache
             snap["cache"] = {"size": len(c), "capacity": c.capacity, "hits": c.hits, "misses": c.misses,

@@ -24,6 +24,21 @@ import numpy as np
 from tqdm import tqdm
 
 from . import __version__
+from .calibrate import (
+    DEFAULT_K,
+    DEFAULT_SAMPLE,
+    DEFAULT_TARGET,
+    CalibrationError,
+    ExactTopK,
+    QuerySet,
+    add_calibration_args,
+    calibrate,
+    check_target,
+    load_queries,
+    report_calibration,
+    stand_in_queries,
+    unreached_message,
+)
 from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, DocStoreWriter
 from .encoder import Encoder, load_encoder
@@ -33,6 +48,7 @@ from .faiss_index import (
     INDEX_TYPES,
     STREAMED_TYPES,
     build_from_chunks,
+    read_index,
     write_index,
 )
 from .profiles import DEFAULT_MODEL, Profile, resolve_profile
@@ -125,8 +141,15 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
                 chunk_size: int = DEFAULT_CHUNK_SIZE, query_prefix: str | None = None,
                 passage_prefix: str | None = None, pooling: str | None = None,
                 normalize: bool | None = None, overwrite: bool = False, keep_chunks: bool = False,
-                encoder: Encoder | None = None, progress: bool = True) -> BuildResult:
-    """Build (or finish building) the index for ``corpus_path`` in ``out_dir``; see the module doc."""
+                encoder: Encoder | None = None, progress: bool = True,
+                calibration_queries: str | Path | None = None, calibration_sample: int = DEFAULT_SAMPLE,
+                target_recall: float = DEFAULT_TARGET, recall_k: int = DEFAULT_K) -> BuildResult:
+    """Build (or finish building) the index for ``corpus_path`` in ``out_dir``; see the module doc.
+
+    IVF types (``ivf,pq``, ``ivf_sq8``, ``ivf_pq``) are calibrated after the build: the smallest
+    nprobe reaching ``target_recall`` (recall@``recall_k`` against exact search over the
+    embedding chunks) on ``calibration_queries`` or a stand-in sample is the server's default
+    (:mod:`retriever_server.calibrate`)."""
     t0 = time.perf_counter()
     corpus_path, out = Path(corpus_path), Path(out_dir)
     if Path(model).exists():  # a local folder: record where it is, not where we ran from
@@ -138,6 +161,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
                          f"{', '.join(INDEX_TYPES + STREAMED_TYPES)}")
     if batch_size <= 0 or chunk_size <= 0 or max_length <= 0:
         raise BuildError("--batch-size, --chunk-size and --max-length must be positive")
+    check_target(target_recall, recall_k)
+    if calibration_queries is not None and not Path(calibration_queries).is_file():
+        raise CalibrationError(f"calibration queries file not found: {calibration_queries}")
     prof = encoder.profile if encoder is not None else resolve_profile(
         model, profile, query_prefix=query_prefix, passage_prefix=passage_prefix,
         pooling=pooling, normalize=normalize)
@@ -154,6 +180,11 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
     (out / META_FILE).unlink(missing_ok=True)
     enc = encoder or load_encoder(model, prof, device=device, fp16=fp16, max_length=max_length)
     log.info("encoder %s: dim=%d, profile=%s", model, enc.dim, prof.name)
+    calibrated = index_type in CALIBRATED_TYPES and (calibration_queries is not None or calibration_sample > 0)
+    queries: QuerySet | None = None
+    if calibrated and calibration_queries is not None:  # before hours of encoding: a bad file fails now
+        queries = load_queries(calibration_queries, enc.dim,
+                               lambda t: enc.encode(t, is_query=True, batch_size=batch_size))
 
     writer = DocStoreWriter(out)
 
@@ -179,6 +210,9 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
     else:
         index = build_from_chunks(index_type, enc.dim, files, count)
         write_index(index, out / INDEX_FILE)
+    if calibrated:
+        state = {**state, **_calibrate_chunks(out, files, chunk_size, queries, calibration_sample,
+                                              target_recall, recall_k, progress)}
     meta = write_meta(out, state, prof, index_type, enc.dim, count, corpus_path)
     if not keep_chunks:
         shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)
@@ -186,6 +220,27 @@ def build_index(corpus_path: str | Path, out_dir: str | Path, model: str = DEFAU
     log.info("built %s index of %d × %d in %.1fs (%d passages encoded this run)",
              index_type, count, enc.dim, secs, encoded)
     return BuildResult(out, count, enc.dim, secs, encoded, meta)
+
+
+CALIBRATED_TYPES = ("ivf,pq", *STREAMED_TYPES)  # the types with an nprobe to choose
+
+
+def _calibrate_chunks(out: Path, files: list[Path], chunk_rows: int, queries: QuerySet | None, sample: int,
+                      target: float, k: int, progress: bool) -> dict[str, Any]:
+    """Exact top-k over the embedding chunks (one pass), then the nprobe sweep on the written index."""
+    from .ivf_stream import ChunkFilesSource
+
+    src = ChunkFilesSource(files)
+    queries = queries or stand_in_queries(src, sample)
+    t0 = time.perf_counter()
+    exact = ExactTopK(queries.vectors, k)
+    exact.fill_gaps(src, chunk_rows)
+    index = read_index(out / INDEX_FILE)
+    cal = calibrate(index, queries, exact, k=k, target=target, progress=progress)
+    cal["seconds"] = round(time.perf_counter() - t0, 1)
+    if not cal["reached"]:
+        log.warning("%s", unreached_message(cal))
+    return {"calibration": cal, "nprobe": cal["nprobe"], "nlist": cal["nlist"]}
 
 
 def write_meta(out: Path, state: dict[str, Any], prof: Profile, index_type: str, dim: int, count: int,
@@ -231,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--normalize", type=_bool_flag, help="L2-normalize embeddings (true/false)")
     p.add_argument("--overwrite", action="store_true", help="discard a partial build in --out")
     p.add_argument("--keep-chunks", action="store_true", help="keep the embedding chunks after the build")
+    add_calibration_args(p)
     return p.parse_args(argv)
 
 
@@ -242,10 +298,13 @@ def main(argv: list[str] | None = None) -> int:
                           batch_size=a.batch_size, max_length=a.max_length, device=a.device, fp16=a.fp16,
                           chunk_size=a.chunk_size, query_prefix=a.query_prefix,
                           passage_prefix=a.passage_prefix, pooling=a.pooling, normalize=a.normalize,
-                          overwrite=a.overwrite, keep_chunks=a.keep_chunks)
-    except (BuildError, CorpusError, ValueError, OSError) as e:
+                          overwrite=a.overwrite, keep_chunks=a.keep_chunks,
+                          calibration_queries=a.calibration_queries, calibration_sample=a.calibration_sample,
+                          target_recall=a.target_recall, recall_k=a.recall_k)
+    except (BuildError, CorpusError, CalibrationError, ValueError, OSError) as e:
         print(f"build_index: error: {e}", file=sys.stderr)
         return 2
+    report_calibration(res.meta, "build_index")
     rate = res.encoded / res.seconds if res.seconds else 0.0
     print(json.dumps({"out": str(res.out_dir), "count": res.count, "dim": res.dim,
                       "seconds": round(res.seconds, 2), "encoded": res.encoded,

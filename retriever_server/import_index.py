@@ -36,6 +36,21 @@ import numpy as np
 from tqdm import tqdm
 
 from .build_index import META_FILE, BuildError, write_meta
+from .calibrate import (
+    DEFAULT_K,
+    DEFAULT_SAMPLE,
+    DEFAULT_TARGET,
+    CalibrationError,
+    ExactTopK,
+    QuerySet,
+    add_calibration_args,
+    calibrate,
+    check_target,
+    load_queries,
+    report_calibration,
+    stand_in_queries,
+    unreached_message,
+)
 from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, OFFSETS_FILE, DocStoreWriter
 from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, read_index
@@ -101,17 +116,34 @@ def write_docstore_from_corpus(corpus_path: Path, out: Path, progress: bool) -> 
 
 
 def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettings, docstore: Callable[[Path], int],
-            state: dict[str, Any], nprobe: int = DEFAULT_IVF_NPROBE, docs_bytes: int = 0, overwrite: bool = False,
-            on_chunk: Callable[[int, np.ndarray], None] | None = None, progress: bool = True) -> dict[str, Any]:
+            state: dict[str, Any], nprobe: int | None = None, docs_bytes: int = 0, overwrite: bool = False,
+            on_chunk: Callable[[int, np.ndarray], None] | None = None, progress: bool = True,
+            queries: QuerySet | None = None, calibration_sample: int = DEFAULT_SAMPLE,
+            target_recall: float = DEFAULT_TARGET, recall_k: int = DEFAULT_K) -> dict[str, Any]:
     """Stream ``source`` into a servable IVF folder; ``docstore(out)`` writes the passages.
 
-    The shared core of :func:`import_index` (a Search-R1 flat file) and the scale bench (synthetic
-    rows generated chunk by chunk, no source file at all).
+    The shared core of :func:`import_index` (a Search-R1 flat file), ``build_index``'s streamed
+    types and the scale bench (synthetic rows generated chunk by chunk, no source file at all).
+
+    Calibration (:mod:`retriever_server.calibrate`): the exact top-``recall_k`` of ``queries``
+    (or, without them, of ``calibration_sample`` stand-in queries; 0 = no calibration) is kept
+    while the chunks stream by; after the merge the smallest nprobe reaching ``target_recall``
+    is measured and becomes the server's default, unless ``nprobe`` fixes it.
     """
     out = Path(out_dir)
     check_kind(settings.kind)
-    if nprobe < 1:
+    if nprobe is not None and nprobe < 1:
         raise BuildError(f"--nprobe must be >= 1, got {nprobe}")
+    check_target(target_recall, recall_k)
+    if queries is None and calibration_sample > 0:
+        queries = stand_in_queries(source, calibration_sample)
+    exact = ExactTopK(queries.vectors, recall_k) if queries is not None else None
+
+    def on_chunk_all(start: int, x: np.ndarray) -> None:
+        if exact is not None:
+            exact.add(start, x)
+        if on_chunk is not None:
+            on_chunk(start, x)
     out.mkdir(parents=True, exist_ok=True)
     (out / META_FILE).unlink(missing_ok=True)  # from here on the folder is not servable
     if overwrite:
@@ -128,21 +160,39 @@ def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettin
                          "row i of the index must be passage i of the corpus")
     (out / INDEX_FILE).unlink(missing_ok=True)
     (out / IVFDATA_FILE).unlink(missing_ok=True)
-    info = builder.build(on_chunk)
+    info = builder.build(on_chunk_all)
     info["docstore_s"] = docs_s
     s = builder.settings
-    meta_state = {**state, "nprobe": min(nprobe, s.nlist), "nlist": s.nlist, "ivf_factory": info["factory"],
+    meta_state = {**state, "nlist": s.nlist, "ivf_factory": info["factory"],
                   "import": {k: (round(v, 1) if isinstance(v, float) else v) for k, v in info.items()}}
+    cal = None
+    if exact is not None and queries is not None:
+        t0 = time.perf_counter()
+        refed = exact.fill_gaps(source, s.chunk_rows)  # chunks a resumed run skipped
+        cal = calibrate(read_index(out / INDEX_FILE), queries, exact, k=recall_k, target=target_recall,
+                        progress=progress)
+        cal["seconds"] = round(time.perf_counter() - t0, 1)
+        cal["rows_reread"] = refed
+        if not cal["reached"]:
+            log.warning("%s", unreached_message(cal))
+        meta_state["calibration"] = cal
+    chosen = nprobe if nprobe is not None else cal["nprobe"] if cal else DEFAULT_IVF_NPROBE
+    meta_state["nprobe"] = min(chosen, s.nlist)
     return meta_state
 
 
 
 def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str | Path,
                  model: str = DEFAULT_MODEL, *, profile: str | None = None, max_length: int = 256,
-                 index_type: str = "flat", place: str = "symlink", nprobe: int = DEFAULT_IVF_NPROBE,
+                 index_type: str = "flat", place: str = "symlink", nprobe: int | None = None,
                  settings: StreamSettings | None = None, overwrite: bool = False,
-                 on_chunk: Callable[[int, np.ndarray], None] | None = None, progress: bool = True) -> dict:
-    """Make ``out_dir`` a servable index folder from a prebuilt FAISS file and its corpus."""
+                 on_chunk: Callable[[int, np.ndarray], None] | None = None, progress: bool = True,
+                 calibration_queries: str | Path | None = None, calibration_sample: int = DEFAULT_SAMPLE,
+                 target_recall: float = DEFAULT_TARGET, recall_k: int = DEFAULT_K) -> dict:
+    """Make ``out_dir`` a servable index folder from a prebuilt FAISS file and its corpus.
+
+    Streamed types are calibrated (see :func:`convert`); ``calibration_queries`` is a text file
+    of questions (encoded with ``model``, as the server will) or a ``.npy`` of query vectors."""
     faiss_path, corpus_path, out = Path(faiss_path), Path(corpus_path), Path(out_dir)
     if index_type not in INDEX_TYPES:
         check_kind(index_type)  # raises with the reason this type cannot be streamed
@@ -166,6 +216,10 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
         state["corpus_sha256"] = file_sha256(corpus_path)
         return write_meta(out, state, prof, f"imported:{type(index).__name__}", index.d, count, corpus_path)
     source = open_flat_ip(faiss_path)
+    check_target(target_recall, recall_k)
+    queries = None
+    if calibration_queries is not None:
+        queries = load_queries(calibration_queries, source.dim, _query_encoder(model, prof, max_length))
     settings = StreamSettings(kind=index_type) if settings is None else settings
     if settings.kind != index_type:
         settings = StreamSettings(index_type, settings.nlist, settings.chunk_rows, settings.train_rows,
@@ -173,11 +227,22 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
     meta_state = convert(source, out, settings=settings,
                          docstore=lambda o: write_docstore_from_corpus(corpus_path, o, progress),
                          state=state, nprobe=nprobe, docs_bytes=corpus_path.stat().st_size,
-                         overwrite=overwrite, on_chunk=on_chunk, progress=progress)
+                         overwrite=overwrite, on_chunk=on_chunk, progress=progress, queries=queries,
+                         calibration_sample=calibration_sample, target_recall=target_recall, recall_k=recall_k)
     meta_state["corpus_sha256"] = file_sha256(corpus_path)
     meta = write_meta(out, meta_state, prof, index_type, source.dim, source.ntotal, corpus_path)
     log.info("imported %s (%d x %d) into %s as %s", faiss_path, source.ntotal, source.dim, out, index_type)
     return meta
+
+
+def _query_encoder(model: str, prof, max_length: int) -> Callable[[list[str]], np.ndarray]:
+    """Encode calibration questions with the index's model, exactly as the server encodes queries."""
+    def encode(texts: list[str]) -> np.ndarray:
+        from .encoder import load_encoder
+
+        enc = load_encoder(model, prof, max_length=max_length)
+        return enc.encode(texts, is_query=True, batch_size=64)
+    return encode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,24 +258,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index-type", default="flat",
                    help=f"{' | '.join(INDEX_TYPES)} (default %(default)s: link the file as it is and serve it "
                         "exact; ivf_sq8 for wiki-18 on a machine with less RAM than the file)")
-    p.add_argument("--nprobe", type=int, default=DEFAULT_IVF_NPROBE,
-                   help="lists searched per query, the server's default (default %(default)s)")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="lists searched per query, the server's default (default: the calibrated one)")
     p.add_argument("--nlist", type=int, default=0, help="IVF lists (default ~sqrt(rows), a power of two)")
     p.add_argument("--chunk-rows", type=int, default=d.chunk_rows,
                    help="vectors in RAM at a time, and the unit a restart resumes from (default %(default)s)")
     p.add_argument("--train-rows", type=int, default=0, help="k-means sample (default 40 x nlist)")
     p.add_argument("--overwrite", action="store_true", help="discard an unfinished conversion in --out")
     p.add_argument("--place", default="symlink", choices=PLACEMENTS, help="--index-type flat: how the file enters --out")
+    add_calibration_args(p)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         meta = import_index(a.faiss, a.corpus, a.out, a.model, profile=a.profile, max_length=a.max_length,
                             index_type=a.index_type, place=a.place, nprobe=a.nprobe, overwrite=a.overwrite,
-                            settings=StreamSettings(a.index_type, a.nlist, a.chunk_rows, a.train_rows))
-    except (BuildError, CorpusError, ConversionError, FlatFileError, ValueError, OSError) as exc:
+                            settings=StreamSettings(a.index_type, a.nlist, a.chunk_rows, a.train_rows),
+                            calibration_queries=a.calibration_queries, calibration_sample=a.calibration_sample,
+                            target_recall=a.target_recall, recall_k=a.recall_k)
+    except (BuildError, CorpusError, ConversionError, FlatFileError, CalibrationError, ValueError, OSError) as exc:
         print(f"import_index: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: meta.get(k) for k in ("index_type", "count", "dim", "nlist", "nprobe", "import")}))
+    report_calibration(meta, "import_index")
+    cal = meta.get("calibration") or {}
+    print(json.dumps({**{k: meta.get(k) for k in ("index_type", "count", "dim", "nlist", "nprobe", "import")},
+                      "calibration": {k: cal.get(k) for k in ("nprobe", "recall", "k", "target", "reached")}
+                      if cal else None}))
     return 0
 
 

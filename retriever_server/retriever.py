@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .build_index import META_FILE
+from .calibrate import recall_at
 from .docstore import DOCS_FILE, DocStore
 from .encoder import Encoder, load_encoder
 from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, Searcher, make_searcher, read_index
@@ -83,7 +84,11 @@ class Retriever:
         self.max_length = max_length or self.meta.get("max_length", 256)
         self.max_query_chars = self.max_length * MAX_CHARS_PER_TOKEN
         self.docs = DocStore(self.index_dir)
+        # meta.json's nprobe is the calibrated one when the build measured it (calibrate.py)
         self.nprobe = int(nprobe or self.meta.get("nprobe", DEFAULT_IVF_NPROBE))
+        self.calibration_warning = calibration_warning(self.meta.get("calibration"), self.nprobe)
+        if self.calibration_warning:
+            log.warning("%s", self.calibration_warning)
         self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap, nprobe=self.nprobe)
         # files whose mapped pages are the index's (page cache), reported apart from private memory
         self._mapped = {str(p.resolve()) for p in (self.index_dir / INDEX_FILE, self.index_dir / IVFDATA_FILE)
@@ -141,8 +146,33 @@ class Retriever:
         mem["index_mapped_mb"] = mapped_file_mb(self._mapped)
         return mem
 
+    def calibration(self) -> dict[str, Any] | None:
+        """What the build measured (None for exact types and pre-#49 folders), and the recall it
+        measured at the nprobe being served: for ``/health`` and ``/metrics``."""
+        cal = self.meta.get("calibration")
+        if not cal:
+            return None
+        out = {k: cal.get(k) for k in ("nprobe", "recall", "k", "target", "reached", "nlist")}
+        out["queries"] = cal.get("queries")
+        out["serving_nprobe"] = self.nprobe
+        out["recall_at_serving_nprobe"] = recall_at(cal, self.nprobe)
+        out["warning"] = self.calibration_warning
+        return out
+
     def info(self) -> dict[str, Any]:
         ivf = self.meta.get("nlist")
         return {"model": self.model, "profile": self.profile.name, "index_type": self.meta.get("index_type"),
                 "index_size": self.size, "dim": self.dim, "device": self.device,
-                "search_backend": self.searcher.backend, **({"nlist": ivf, "nprobe": self.nprobe} if ivf else {})}
+                "search_backend": self.searcher.backend, **({"nlist": ivf, "nprobe": self.nprobe} if ivf else {}),
+                "calibration": self.calibration()}
+
+
+def calibration_warning(cal: dict[str, Any] | None, nprobe: int) -> str | None:
+    """A line saying what recall a ``--nprobe`` below the calibrated one gives up (None otherwise)."""
+    if not cal or nprobe >= cal["nprobe"]:
+        return None
+    at = recall_at(cal, nprobe)
+    measured = f"measured recall@{cal['k']} there: {at}" if at is not None else "not measured there"
+    stand_in = " (calibrated on stand-in queries)" if (cal.get("queries") or {}).get("stand_in") else ""
+    return (f"--nprobe {nprobe} is below the calibrated nprobe {cal['nprobe']}, which reached recall@{cal['k']} "
+            f"{cal['recall']} (target {cal['target']}){stand_in}; {measured}")
