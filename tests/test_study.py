@@ -15,7 +15,7 @@ import pytest
 
 from openrlhf_sgrpo.demo.arms import RANDOM_STRATA, arms_for, parse_arms
 from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, study_table, summarize
-from openrlhf_sgrpo.demo.study_runner import DONE, SeedJob, demo_argv, read_progress, run_parallel
+from openrlhf_sgrpo.demo.study_runner import DONE, SeedJob, demo_argv, plan_jobs, read_progress, run_parallel
 from openrlhf_sgrpo.engine import processor
 from openrlhf_sgrpo.local.step_log import read_step_log
 from openrlhf_sgrpo.testing import shifted_seed
@@ -112,13 +112,40 @@ def test_resume_skips_finished_seeds_and_resumes_started_ones(tmp_path):
     (tmp_path / "seed_0").mkdir()
     (tmp_path / "seed_0" / DONE).write_text("{}")
     lines: list[str] = []
-    assert run_parallel([0], tmp_path, "grpo", [], resume=True, emit=lines.append) == {0: 0}
+    assert run_parallel([0], tmp_path, "grpo", [], resume=True, emit=lines.append) == {"seed 0": 0}
     assert any("seed 0: done in an earlier run" in line for line in lines)
     assert "--resume" not in demo_argv(1, tmp_path, "grpo", [], resume=True)  # nothing there yet
     (tmp_path / "seed_1").mkdir()
     (tmp_path / "seed_1" / "args.json").write_text("{}")
     assert demo_argv(1, tmp_path, "grpo", [], resume=True)[-1] == "--resume"
     assert "--resume" not in demo_argv(1, tmp_path, "grpo", [], resume=False)
+
+
+def test_split_arms_plans_one_process_per_arm_after_the_seed_warm_up(tmp_path):
+    jobs = plan_jobs([3], tmp_path, "grpo,sgrpo:0.8,random:0.8", ["--smoke"], resume=False, split_arms=True)
+    assert [j.name for j in jobs] == ["seed 3 grpo", "seed 3 sgrpo_a0.8", "seed 3 random_a0.8"]
+    assert [j.folder.name for j in jobs] == ["seed_3", "seed_3.sgrpo_a0.8", "seed_3.random_a0.8"]
+    first, *others = jobs
+    assert first.waits_for is None and "--resume" not in first.argv
+    for job in others:  # each starts from a copy of the first's warm-up weights, as a resumed run
+        assert job.waits_for == tmp_path / "seed_3" / "warmup_policy.pt" and job.waits_on is first
+        assert job.argv[-1] == "--resume" and job.argv[job.argv.index("--arms") + 1] in ("sgrpo:0.8", "random:0.8")
+
+
+def test_split_arms_reports_arms_not_started_when_the_warm_up_process_fails(tmp_path):
+    """The seed's first process fails at once (its folder holds a run, no --resume): its other arms
+    never start, and both are reported with the first one's log."""
+    (tmp_path / "seed_0").mkdir()
+    (tmp_path / "seed_0" / "args.json").write_text("{}")
+    lines: list[str] = []
+    codes = run_parallel([0], tmp_path, "grpo,sgrpo:0.8", ["--smoke"], split_arms=True, poll_s=0.2,
+                         emit=lines.append)
+    assert codes == {"seed 0 grpo": 2, "seed 0 sgrpo_a0.8": -1}  # the demo exits 2 on a bad --out
+    text = "\n".join(lines)
+    assert "seed 0 sgrpo_a0.8 NOT STARTED: seed 0 grpo ended (exit 2)" in text
+    assert f"log: {tmp_path / 'logs' / 'seed_0.grpo.log'}" in text
+    assert "already holds a run" in (tmp_path / "logs" / "seed_0.grpo.log").read_text()
+    assert not (tmp_path / "seed_0.sgrpo_a0.8").exists()
 
 
 def _span(folder: Path) -> tuple[float, float]:
@@ -139,28 +166,29 @@ def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_fol
     bad = shifted_seed(7)
     (out / f"seed_{bad}").mkdir(parents=True)
     (out / f"seed_{bad}" / "args.json").write_text("{}")  # "already holds a run"
-    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad),
-                             "--session", "test", "--", "--steps", "1", "--no-sandbox", "--engine", "hf"])
+    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad), "--arms",
+                             "grpo,random:0.8", "--session", "test", "--", "--steps", "1", "--heldout", "2",
+                             "--no-sandbox", "--engine", "hf"])
     captured = capsys.readouterr()
     assert rc == 1  # one seed failed; the others' results are written
     failed_log = out / "logs" / f"seed_{bad}.log"
-    assert f"seed {bad} FAILED (exit 1)" in captured.out and f"log: {failed_log}" in captured.out
+    assert f"seed {bad} FAILED (exit 2)" in captured.out and f"log: {failed_log}" in captured.out
     assert "already holds a run" in failed_log.read_text()
     # concurrency, from the processes' own step logs: the two runs' time spans overlap
     (a0, a1), (b0, b1) = (_span(out / f"seed_{s}") for s in seeds)
     assert max(a0, b0) < min(a1, b1), ((a0, a1), (b0, b1))
     progress = (out / "progress.log").read_text()
-    labels = ("GRPO", "Stratified GRPO (alpha 0.8)", "Random strata (alpha 0.8)")
+    labels = ("GRPO", "Random strata (alpha 0.8)")
     for s in seeds:
         assert "sandbox   not started (--no-sandbox)" in (out / "logs" / f"seed_{s}.log").read_text()
-        for arm_dir in ("grpo", "sgrpo_a0.8", "random_a0.8"):
+        for arm_dir in ("grpo", "random_a0.8"):
             assert f"seed {s} {arm_dir:<12} step   1" in progress
     table = (out / "study_table.md").read_text()
     for row in (*labels, "after warm-up (start)"):
         assert f"| {row} " in table
     study = json.loads((out / "study.json").read_text())
     assert {k: study["environment"][k] for k in ("processor", "cpu_isa")} == processor()
-    assert sorted(study["per_seed"]) == sorted(map(str, seeds)) and str(bad) in study["failed"]
+    assert sorted(study["per_seed"]) == sorted(map(str, seeds)) and study["failed"] == {f"seed {bad}": 2}
     for label, s in study["summary"].items():
         assert s["seeds"] == 2 and not math.isnan(s["hop2/em"][0]), label
     # the seed folders: small, in the committed form, and what the report aggregates
@@ -178,3 +206,26 @@ def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_fol
         assert summary[label]["EM 2-hop"]["n"] == 2 and summary[label]["EM 2-hop"]["mean"] == pytest.approx(sum(em2) / 2)
     table_path, figure = write_report(out / "seeds", tmp_path / "report")
     assert "2 seed folder(s) from 1 session(s)" in table_path.read_text() and figure.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_split_arms_run_side_by_side_from_one_warm_up(tmp_path):
+    """--split-arms (the GPU layout): the seed's GRPO process does the warm-up; the Stratified GRPO
+    process starts from a copy of its weights while GRPO still trains (their step logs overlap),
+    and both arms start from the same weights (the digest in each arm_start record)."""
+    from openrlhf_sgrpo.demo.study_report import read_seeds
+
+    out = tmp_path / "study"
+    seed = shifted_seed(0)
+    assert load_script().main(["--out", str(out), "--smoke", "--seeds", str(seed), "--split-arms", "--arms",
+                               "grpo,sgrpo:0.8", "--session", "split", "--", "--steps", "2", "--heldout", "2",
+                               "--no-sandbox", "--engine", "hf"]) == 0
+    grpo, sgrpo = out / f"seed_{seed}" / "grpo", out / f"seed_{seed}.sgrpo_a0.8" / "sgrpo_a0.8"
+    starts = [[r for r in read_step_log(d / "metrics.jsonl") if r["phase"] == "arm_start"] for d in (grpo, sgrpo)]
+    assert starts[0][0]["weights"] == starts[1][0]["weights"]
+    a, b = _span(grpo), _span(sgrpo)
+    assert max(a[0], b[0]) < min(a[1], b[1]), (a, b)
+    (committed,) = read_seeds(out / "seeds")
+    assert committed["arms"]["GRPO"]["start_weights"] == committed["arms"]["Stratified GRPO (alpha 0.8)"]["start_weights"]
+    assert committed["after_warmup"] is not None
+    assert all(len(steps) == 2 for steps in committed["steps"].values())

@@ -2,14 +2,16 @@
 
 On a lent H200 (docs/study.md: why 3 processes, their memory and time):
 
-    python examples/study/sgrpo_vs_grpo.py --out runs/study --seeds 0 1 2 --gpu-memory-share 0.12 -- \
+    python examples/study/sgrpo_vs_grpo.py --out runs/study --seeds 0 1 2 --split-arms --gpu-memory-share 0.08 -- \
         --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 \
         --micro-batch-size 8 --concurrency 64 --no-sandbox
 
-Everything after ``--`` goes to ``python -m openrlhf_sgrpo.demo`` for every seed. Each seed is its
-own demo process (one warm-up, then every arm from the same warm-up weights), ``--jobs`` of them at
-once (default: all), each vLLM engine with ``--gpu-memory-share`` of the GPU; one line per step per
-process goes to ``OUT/progress.log`` and stdout, each process's output to ``OUT/logs/seed_<s>.log``.
+Everything after ``--`` goes to ``python -m openrlhf_sgrpo.demo`` for every process. Each seed is
+its own demo process (one warm-up, then every arm from the same warm-up weights), or with
+``--split-arms`` each (seed, arm) is (the seed's first arm does the warm-up; the others start from a
+copy of its weights); ``--jobs`` processes at once (default: all), each vLLM engine with
+``--gpu-memory-share`` of the GPU. One line per step per process goes to ``OUT/progress.log`` and
+stdout, each process's output to ``OUT/logs/seed_<s>[.<arm>].log``.
 A seed that fails is reported with its log; the others go on. Writes ``OUT/study_table.md``,
 ``OUT/study.png``, ``OUT/study.json`` (this session's seeds) and, per finished seed, a small seed
 folder under ``OUT/seeds/`` to commit (``docs/study.md``; ``python -m
@@ -52,7 +54,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--out", required=True, help="study folder (one demo run per seed inside)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", default=DEFAULT_ARMS, help=f"the demo's --arms (default {DEFAULT_ARMS})")
-    p.add_argument("--jobs", type=int, default=None, help="seed processes at once (default: every seed)")
+    p.add_argument("--jobs", type=int, default=None, help="demo processes at once (default: all of them)")
+    p.add_argument("--split-arms", action="store_true",
+                   help="one process per (seed, arm), the arms from the seed's one warm-up (saved weights)")
     p.add_argument("--gpu-memory-share", type=_share, default=None,
                    help="each process's vLLM engine may claim this fraction of the GPU's memory (vLLM's "
                         "gpu_memory_utilization; its default 0.85 lets one engine start); unset on a CPU")
@@ -81,7 +85,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from openrlhf_sgrpo.demo.study_runner import run_parallel, seed_dir
+    from openrlhf_sgrpo.demo.study_runner import run_parallel, seed_dir, seed_finished, seed_runs
     from openrlhf_sgrpo.demo.study_seeds import export_seed, git_commit, load_seed_run
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -90,28 +94,29 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         codes = run_parallel(args.seeds, out, args.arms, demo_args, resume=args.resume, jobs=args.jobs,
-                             gpu_share=args.gpu_memory_share)
+                             gpu_share=args.gpu_memory_share, split_arms=args.split_arms)
     except KeyboardInterrupt:
         interrupted, codes = True, {}
-    done = [s for s in args.seeds if (seed_dir(out, s) / "study_done.json").exists()]
-    failed = {s: rc for s, rc in codes.items() if rc != 0}
+    done = [s for s in args.seeds if seed_finished(out, s, args.arms, args.split_arms)]
+    failed = {name: rc for name, rc in codes.items() if rc != 0}
     if not done:
         print(f"\nno seed finished (failed: {failed or 'none'}; logs under {out / 'logs'})", file=sys.stderr)
         return 130 if interrupted else 1
-    results = {s: load_seed_run(seed_dir(out, s), args.arms) for s in done}
+    runs = {s: seed_runs(out, s, args.arms, args.split_arms) for s in done}
+    results = {s: load_seed_run(seed_dir(out, s), args.arms, runs[s]) for s in done}
     env_path = seed_dir(out, done[0]) / "environment.json"
     extra = {"environment": json.loads(env_path.read_text()) if env_path.exists() else None,
-             "failed": {str(s): {"exit": rc, "log": str(out / "logs" / f"seed_{s}.log")} for s, rc in failed.items()},
+             "failed": {name: rc for name, rc in failed.items()},
              "session": args.session}
     table = write_study(results, out, argv, extra)
     commit = git_commit()
     seeds_out = Path(args.seeds_out) if args.seeds_out else out / "seeds"
-    folders = [export_seed(seed_dir(out, s), s, args.arms, seeds_out, args.session, argv, commit) for s in done]
+    folders = [export_seed(seed_dir(out, s), s, args.arms, seeds_out, args.session, argv, commit, runs[s]) for s in done]
     print("\n" + table)
     print(f"\nwrote {out / 'study_table.md'}, {out / 'study.png'}, {out / 'study.json'}")
     print("seed folders to commit: " + ", ".join(str(f) for f in folders))
-    for s, rc in failed.items():
-        print(f"seed {s} FAILED (exit {rc}): {out / 'logs' / f'seed_{s}.log'}", file=sys.stderr)
+    for name, rc in failed.items():  # each with its log in progress.log's FAILED line
+        print(f"{name} FAILED (exit {rc}); see {out / 'progress.log'}", file=sys.stderr)
     return 130 if interrupted else (1 if failed else 0)
 
 

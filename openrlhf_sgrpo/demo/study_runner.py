@@ -4,8 +4,17 @@ Why processes and not threads or one process: each demo run holds its own policy
 vLLM engine and retriever; a process is the unit the GPU's memory can be split by (each engine
 gets ``--gpu-memory-share`` of the device, ``demo/stack.py``), and the unit that can fail alone
 (one seed's crash leaves the others running; its exit status and log path are reported). Each
-process is a whole ``python -m openrlhf_sgrpo.demo --arms ...`` run, so a seed still does one
-warm-up and trains every arm from the same warm-up weights, and ``--resume`` is the demo's own.
+process is a whole ``python -m openrlhf_sgrpo.demo --arms ...`` run and ``--resume`` is the
+demo's own. Two layouts, both with one warm-up per seed and every arm from its weights:
+
+- one process per seed (default): the demo's ``--arms`` trains the arms one after another;
+- ``split_arms``: one process per (seed, arm). The first arm's process (``OUT/seed_<s>``) does the
+  warm-up and saves its weights (``warmup_policy.pt``, as ``--arms`` always does); each other
+  arm's process (``OUT/seed_<s>.<arm dir>``) starts once that file exists, from a copy of it, as
+  a ``--resume`` of a run whose warm-up is done. The arms' ``arm_start`` records carry the
+  weights' digest, equal across a seed's arms. Three times the processes, a third of the steps
+  each: on a lent GPU, where one process's step is launch-bound and the device mostly idle, this
+  is what brings 3 seeds x 3 arms x 20 steps inside one call (docs/study.md).
 
 Progress: the runner reads every seed's step logs (``metrics.jsonl``, one record per step with
 the wall-clock time the step was logged) as they grow and writes one line per step per process
@@ -14,8 +23,10 @@ into ``OUT/progress.log`` (and stdout). The processes' own output goes to ``OUT/
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -32,8 +43,13 @@ def seed_dir(out: Path, seed: int) -> Path:
     return Path(out) / f"seed_{seed}"
 
 
-def log_path(out: Path, seed: int) -> Path:
-    return Path(out) / "logs" / f"seed_{seed}.log"
+def log_path(out: Path, seed: int, arm_dir: str | None = None) -> Path:
+    return Path(out) / "logs" / (f"seed_{seed}.log" if arm_dir is None else f"seed_{seed}.{arm_dir}.log")
+
+
+def arm_run_dir(out: Path, seed: int, index: int, arm_dir: str) -> Path:
+    """The run folder of a seed's ``index``-th arm under ``split_arms`` (the first: the seed's own)."""
+    return seed_dir(out, seed) if index == 0 else Path(out) / f"seed_{seed}.{arm_dir}"
 
 
 @dataclass
@@ -44,6 +60,9 @@ class SeedJob:
     argv: list[str]
     folder: Path
     log: Path
+    name: str = ""  # "seed 0", or "seed 0 sgrpo_a0.8" under split_arms
+    waits_for: Path | None = None  # the seed's warm-up weights, copied into folder before it starts
+    waits_on: "SeedJob | None" = None  # the job that writes them
     proc: subprocess.Popen | None = None
     log_file: IO | None = None
     started: float = 0.0
@@ -52,14 +71,62 @@ class SeedJob:
     last_time: dict[Path, float] = field(default_factory=dict)  # metrics.jsonl -> time of its last record
 
 
-def demo_argv(seed: int, out: Path, arms: str, demo_args: list[str], resume: bool) -> list[str]:
+def demo_argv(seed: int, out: Path, arms: str, demo_args: list[str], resume: bool,
+              folder: Path | None = None) -> list[str]:
     """The demo's command line for one seed (``--resume`` where its folder already holds a run)."""
-    folder = seed_dir(out, seed)
+    folder = folder or seed_dir(out, seed)
     argv = [sys.executable, "-m", "openrlhf_sgrpo.demo", *demo_args, "--arms", arms, "--seed", str(seed),
             "--out", str(folder)]
     if resume and folder.exists() and any(folder.iterdir()):
         argv.append("--resume")
     return argv
+
+
+def arm_items(arms: str) -> list[tuple[str, str]]:
+    """``grpo,sgrpo:0.8`` -> [(item, arm folder name), ...] (the names ``demo/arms.py`` gives)."""
+    from openrlhf_sgrpo.demo.arms import arms_for
+
+    items = [a.strip() for a in arms.split(",")]
+    dirs = [a.dir.name for a in arms_for(argparse.Namespace(out=Path("."), arms=arms))]
+    return list(zip(items, dirs))
+
+
+def seed_runs(out: Path, seed: int, arms: str, split_arms: bool) -> list[Path]:
+    """The run folders a seed's results are in: its own, and under split_arms each arm's."""
+    if not split_arms:
+        return [seed_dir(out, seed)]
+    return [arm_run_dir(out, seed, i, arm_dir) for i, (_, arm_dir) in enumerate(arm_items(arms))]
+
+
+def seed_finished(out: Path, seed: int, arms: str, split_arms: bool) -> bool:
+    """Every process of the seed exited 0 (each left ``study_done.json``)."""
+    return all((f / DONE).exists() for f in seed_runs(out, seed, arms, split_arms))
+
+
+def plan_jobs(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool,
+              split_arms: bool) -> list[SeedJob]:
+    """The processes of a study, in start order (under split_arms a seed's first arm first)."""
+    from openrlhf_sgrpo.demo.__main__ import WARM_WEIGHTS
+
+    out = Path(out)
+    jobs = []
+    for seed in seeds:
+        if not split_arms:
+            jobs.append(SeedJob(seed, demo_argv(seed, out, arms, demo_args, resume), seed_dir(out, seed),
+                                log_path(out, seed), name=f"seed {seed}"))
+            continue
+        first = None
+        for i, (item, arm_dir) in enumerate(arm_items(arms)):
+            folder = arm_run_dir(out, seed, i, arm_dir)
+            job = SeedJob(seed, demo_argv(seed, out, item, demo_args, resume or i > 0, folder), folder,
+                          log_path(out, seed, arm_dir), name=f"seed {seed} {arm_dir}")
+            if i == 0:
+                first = job
+            else:  # a --resume of a run whose warm-up is done: the demo then trains from the copy
+                job.argv += [] if "--resume" in job.argv else ["--resume"]
+                job.waits_for, job.waits_on = seed_dir(out, seed) / WARM_WEIGHTS, first
+            jobs.append(job)
+    return jobs
 
 
 def _step_line(job: SeedJob, path: Path, rec: dict, t0: float) -> str | None:
@@ -106,13 +173,16 @@ def read_progress(job: SeedJob, t0: float) -> list[str]:
 
 def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False,
                  jobs: int | None = None, gpu_share: float | None = None, poll_s: float = 1.0,
-                 emit: Callable[[str], None] | None = None) -> dict[int, int]:
-    """Run one demo process per seed, ``jobs`` at a time (default: all); returns seed -> exit status.
+                 emit: Callable[[str], None] | None = None, split_arms: bool = False) -> dict[str, int]:
+    """Run the study's demo processes, ``jobs`` at a time (default: all); returns process name
+    (``seed 0``, or ``seed 0 grpo`` under ``split_arms``) -> exit status.
 
-    A seed whose folder holds ``study_done.json`` is skipped under ``resume`` (exit status 0). A
-    failed process is reported with its log and the others go on; Ctrl-C (or ``timeout -s INT``
-    on the process group, as gpu_vllm_run.sh sends it) reaches every demo, which keeps its last
-    checkpoint for ``--resume``; the runner then waits for them to finish writing."""
+    A process whose folder holds ``study_done.json`` is skipped under ``resume`` (exit status 0).
+    A failed process is reported with its log and the others go on (under ``split_arms`` a seed's
+    other arms are reported not started when its first arm's process ends without warm-up
+    weights). Ctrl-C (or ``timeout -s INT`` on the process group, as gpu_vllm_run.sh sends it)
+    reaches every demo, which keeps its last checkpoint for ``--resume``; the runner then waits for
+    them to finish writing."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
@@ -127,30 +197,32 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu_share is not None:
         env[GPU_SHARE_ENV] = f"{gpu_share:g}"
-    results: dict[int, int] = {}
+    results: dict[str, int] = {}
     pending: list[SeedJob] = []
-    for seed in seeds:
-        folder = seed_dir(out, seed)
-        if resume and (folder / DONE).exists():
-            say(f"[study] seed {seed}: done in an earlier run ({folder / DONE}), skipped")
-            results[seed] = 0
+    for job in plan_jobs(seeds, out, arms, demo_args, resume, split_arms):
+        if resume and (job.folder / DONE).exists():
+            say(f"[study] {job.name}: done in an earlier run ({job.folder / DONE}), skipped")
+            results[job.name] = job.rc = 0
             continue
-        pending.append(SeedJob(seed, demo_argv(seed, out, arms, demo_args, resume), folder, log_path(out, seed)))
+        pending.append(job)
     width = max(1, jobs or len(pending) or 1)
     running: list[SeedJob] = []
-    say(f"[study] {len(pending)} seed process(es), {width} at a time"
+    say(f"[study] {len(pending)} demo process(es), {width} at a time"
         + (f", each vLLM engine {gpu_share:g} of the GPU's memory" if gpu_share is not None else ""))
     try:
         while pending or running:
-            while pending and len(running) < width:
-                job = pending.pop(0)
-                job.log.parent.mkdir(parents=True, exist_ok=True)
-                job.log_file = open(job.log, "a", encoding="utf-8")
-                job.log_file.write(f"$ {' '.join(job.argv)}\n")
-                job.log_file.flush()
-                job.started = time.time()
-                job.proc = subprocess.Popen(job.argv, stdout=job.log_file, stderr=subprocess.STDOUT, env=env)
-                say(f"[study] T+{job.started - t0:6.0f} s seed {job.seed} started (pid {job.proc.pid}), log {job.log}")
+            for job in list(pending):
+                if len(running) >= width:
+                    break
+                if job.waits_for is not None and not job.waits_for.exists():
+                    if job.waits_on is not None and job.waits_on.rc is not None:  # ended without them
+                        pending.remove(job)
+                        results[job.name] = job.rc = -1
+                        say(f"[study] {job.name} NOT STARTED: {job.waits_on.name} ended (exit {job.waits_on.rc}) "
+                            f"without the warm-up weights {job.waits_for}; log: {job.waits_on.log}")
+                    continue
+                pending.remove(job)
+                _start(job, env, t0, say)
                 running.append(job)
             time.sleep(poll_s)
             for job in list(running):
@@ -163,23 +235,40 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
                     say(line)
                 running.remove(job)
                 job.log_file.close()
-                job.rc = results[job.seed] = rc
+                job.rc = results[job.name] = rc
                 took = time.time() - job.started
                 if rc == 0:
                     (job.folder / DONE).write_text(json.dumps({"seed": job.seed, "argv": job.argv, "seconds": took}))
-                    say(f"[study] T+{time.time() - t0:6.0f} s seed {job.seed} done in {took:.0f} s")
+                    say(f"[study] T+{time.time() - t0:6.0f} s {job.name} done in {took:.0f} s")
                 else:
-                    say(f"[study] T+{time.time() - t0:6.0f} s seed {job.seed} FAILED (exit {rc}) after {took:.0f} s; "
+                    say(f"[study] T+{time.time() - t0:6.0f} s {job.name} FAILED (exit {rc}) after {took:.0f} s; "
                         f"log: {job.log}")
     except KeyboardInterrupt:
-        say("[study] interrupted: waiting for the seeds' processes to keep their checkpoints (--resume continues)")
+        say("[study] interrupted: waiting for the demo processes to keep their checkpoints (--resume continues)")
         _wind_down(running)
         for job in running:
-            results[job.seed] = job.proc.returncode if job.proc.returncode is not None else -2
+            results[job.name] = job.proc.returncode if job.proc.returncode is not None else -2
         raise
     finally:
         progress.close()
     return results
+
+
+def _start(job: SeedJob, env: dict, t0: float, say: Callable[[str], None]) -> None:
+    """Start one demo process (an arm of a split seed from its own copy of the warm-up weights)."""
+    if job.waits_for is not None:
+        job.folder.mkdir(parents=True, exist_ok=True)
+        target = job.folder / job.waits_for.name
+        if not target.exists():
+            shutil.copyfile(job.waits_for, target.with_suffix(".part"))  # whole, or not there at all
+            os.replace(target.with_suffix(".part"), target)
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    job.log_file = open(job.log, "a", encoding="utf-8")
+    job.log_file.write(f"$ {' '.join(job.argv)}\n")
+    job.log_file.flush()
+    job.started = time.time()
+    job.proc = subprocess.Popen(job.argv, stdout=job.log_file, stderr=subprocess.STDOUT, env=env)
+    say(f"[study] T+{job.started - t0:6.0f} s {job.name} started (pid {job.proc.pid}), log {job.log}")
 
 
 def _wind_down(running: list[SeedJob], grace_s: float = 60.0) -> None:

@@ -58,22 +58,25 @@ def _train_steps(records: list[dict]) -> list[dict]:
     return steps
 
 
-def load_seed_run(folder: Path, arms: str) -> dict:
+def load_seed_run(folder: Path, arms: str, arm_runs: list[Path] | None = None) -> dict:
     """A finished (or cut-off) demo run of ``--arms arms`` read back from its folder, in the form
     ``demo.__main__.run`` returns (``after_warmup``, ``arms``: label -> held-out after RL or None,
-    ``steps``: label -> train records)."""
+    ``steps``: label -> train records); ``arm_runs``: each arm's run folder where the arms ran as
+    processes of their own (``study_runner``'s split_arms; the first is ``folder``)."""
     from openrlhf_sgrpo.demo.arms import arms_for
 
     folder = Path(folder)
     run_records = read_step_log(folder / "metrics.jsonl")
     warm = _last(run_records, "eval_warmup")
     result: dict = {"after_warmup": warm, "arms": {}, "steps": {}, "arm_meta": {}}
-    for arm in arms_for(argparse.Namespace(out=folder, arms=arms)):
-        records = read_step_log(arm.dir / "metrics.jsonl")
+    for i, arm in enumerate(arms_for(argparse.Namespace(out=folder, arms=arms))):
+        arm_dir = (Path(arm_runs[i]) / arm.dir.name) if arm_runs else arm.dir
+        records = read_step_log(arm_dir / "metrics.jsonl")
         result["arms"][arm.label] = _last(records, "eval_after")
         result["steps"][arm.label] = _train_steps(records)
+        start = _last(records, "arm_start") or {}
         result["arm_meta"][arm.label] = {"dir": arm.dir.name, "estimator": arm.estimator, "alpha": arm.alpha,
-                                         "stratify_by": arm.stratify_by}
+                                         "stratify_by": arm.stratify_by, "start_weights": start.get("weights")}
     return result
 
 
@@ -103,12 +106,13 @@ def device_tag(env: dict) -> str:
 
 
 def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: str, argv: list[str],
-                commit: str | None = None) -> Path:
-    """Write ``dest_root/<session>_<device>_seed<k>/{seed.json,steps.jsonl}`` from a seed's run folder."""
+                commit: str | None = None, arm_runs: list[Path] | None = None) -> Path:
+    """Write ``dest_root/<session>_<device>_seed<k>/{seed.json,steps.jsonl}`` from a seed's run
+    folder (and its arms' own run folders, ``arm_runs``, where they ran as processes of their own)."""
     folder = Path(folder)
     env_path = folder / "environment.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
-    run = load_seed_run(folder, arms)
+    run = load_seed_run(folder, arms, arm_runs)
     dest = Path(dest_root) / f"{session}_{device_tag(env)}_seed{seed}"
     dest.mkdir(parents=True, exist_ok=True)
     meta = {
