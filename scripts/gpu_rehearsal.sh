@@ -13,7 +13,9 @@
 #    OpenRLHF's parser on both smoke runs, the agent loader, create_vllm_engines' engine arguments,
 #    every Ray worker's imports, DeepSpeed's config and the optimizer it builds).
 # 5. scripts/gpu_vllm_run.sh itself, as the device's last call runs it, with what a CPU can do in
-#    place of the GPU work: the smoke with --dry-run, the study's CPU smoke (--smoke, HF engine).
+#    place of the GPU work: the smoke with --dry-run, the study's CPU smoke in the device's
+#    concurrent form (--smoke --split-arms, 2 seeds x 2 arms as 4 processes, HF engine) and its
+#    study_seeds.tgz (docs/study.md).
 #    Its timeline and logs land in $REHEARSAL_DIR/run_out.
 #
 # Usage: scripts/gpu_rehearsal.sh [gpu_rehearsal.py args, e.g. --check parse]  (REHEARSAL_RUN=0 skips 5)
@@ -61,11 +63,15 @@ if [ "${REHEARSAL_RUN:-1}" = 1 ]; then
   fi
   # SYNC_CHECK=0: the carried vLLM is the CUDA build, which cannot start an engine on this CPU
   if OUT="$DIR/run_out" SITE_ROOT="$DIR" VP_DIR="$DIR/vp" SMOKE_FLAGS="--dry-run" SYNC_CHECK=0 \
-     STUDY_ARGS="--smoke --seeds 0 -- --engine hf" nice -n 19 "${hide[@]}" bash scripts/gpu_vllm_run.sh 1500 2; then
+     STUDY_ARGS="--smoke --seeds 0 1 --split-arms --arms grpo,random:0.8 -- --engine hf --steps 1" \
+     nice -n 19 "${hide[@]}" bash scripts/gpu_vllm_run.sh 1800 2; then
     log "PASS gpu_vllm_run.sh: $(tail -1 "$DIR/run_out/timeline.txt")"
   else
     log "FAIL gpu_vllm_run.sh (exit $?): see $DIR/run_out"; rc=1
   fi
   grep -q "study exit 0" "$DIR/run_out/timeline.txt" || { log "FAIL the study's CPU smoke: $DIR/run_out/study.log"; rc=1; }
+  # the device's concurrent form: 2 seeds x 2 arms as 4 processes; both seeds' folders come back
+  seeds_back=$(tar tzf "$DIR/run_out/study_seeds.tgz" 2>/dev/null | grep -c "_seed[01]/seed.json$")
+  [ "$seeds_back" = 2 ] || { log "FAIL study_seeds.tgz holds $seeds_back of 2 seed folders: $DIR/run_out"; rc=1; }
 fi
 exit $rc

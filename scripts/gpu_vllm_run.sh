@@ -15,6 +15,8 @@
 # as seconds since then ("T+"), so the log shows whether the first training step began within
 # 4 minutes of the machine's start and the sequence ended inside 12 of the 15 device minutes.
 # SMOKE_RUNS: AB (default), A or B (one run leaves minutes for the study).
+# A study session (docs/study.md): SMOKE=0 SYNC_CHECK=0 bash scripts/gpu_vllm_run.sh 540; STUDY_SEEDS and
+# STUDY_ARGS override the study's seeds and flags; its seed folders come back in study_seeds.tgz.
 # SMOKE_EXTRA: more train_ppo_ray flags for both runs (default --vllm.enforce_eager; set it empty
 # for CUDA graphs). The CPU rehearsal (scripts/gpu_rehearsal.sh) runs this script too, with
 # SITE_ROOT/VP_DIR in its own folder, SMOKE_FLAGS=--dry-run and a CPU study.
@@ -82,24 +84,44 @@ if [ "${BENCH:-0}" = 1 ] && [ "$(( $(left) - 10 ))" -gt 45 ]; then
   mark "bench exit $?"; tail -8 "$OUT/bench.log"
 fi
 
-# the study gets what is left; a seed cut off leaves its partial run
-study_s=$(( $(left) - 15 ))
+# the study gets what is left; a process cut off keeps its last checkpoint (a second call resumes it).
+# Its default (docs/study.md, the sizing): 3 seeds x 3 arms (GRPO, Stratified GRPO 0.8, random strata
+# 0.8) x 20 steps of 8 prompts x 8 samples, one demo process per (seed, arm) side by side on the GPU
+# (--split-arms: each seed's GRPO process does the warm-up, its other arms start from those weights),
+# each vLLM engine allowed 0.08 of the GPU's memory. STUDY_SEEDS (default: the 3 smallest seeds
+# with no folder in docs/study/seeds yet, so that each session adds new ones). A study session runs
+# with SMOKE=0 SYNC_CHECK=0: the first study step then comes ~3 min after the first device call.
+study_s=$(( $(left) - 60 ))
 if [ "$study_s" -gt 120 ]; then
-  read -r -a study_args <<< "${STUDY_ARGS:---seeds 0 1 -- --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 --micro-batch-size 8 --concurrency 64}"
+  seeds="${STUDY_SEEDS:-$(python3 -c 'import pathlib, re
+used = {int(m.group(1)) for p in pathlib.Path("docs/study/seeds").glob("*") if (m := re.search(r"_seed(\d+)$", p.name))}
+print(" ".join(str(k) for k in [k for k in range(1000) if k not in used][:3]))')}"
+  read -r -a study_args <<< "${STUDY_ARGS:---seeds $seeds --split-arms --gpu-memory-share 0.08 -- --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 --micro-batch-size 8 --concurrency 64}"
   # the image has no bubblewrap, so the local sandbox cannot start there (2026-11-27, H100: the
   # study's first seed stopped at "sandbox: refusing to start"); the demo's prompts offer search
-  # only. STUDY_ARGS holds a `--`, so this goes to every seed's demo
+  # only. STUDY_ARGS holds a `--`, so this goes to every process's demo
   study_args+=(--no-sandbox)
-  mark "study: up to $study_s s"
-  # a second call (machine still warm) continues every seed where the first one was cut off
+  mark "study: up to $study_s s: ${study_args[*]}"
+  # a second call (machine still warm) continues every process where the first one was cut off
   resume=(); [ -d "$root/gpu_study" ] && resume=(--resume)
-  timeout "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${resume[@]}" "${study_args[@]}" \
+  study_t0=$(date +%s)
+  # SIGINT to the whole process group at the limit: every demo keeps its checkpoint and the study
+  # writes what finished; SIGKILL 40 s later if anything still runs
+  timeout -s INT -k 40 "$study_s" python3 examples/study/sgrpo_vs_grpo.py --out "$root/gpu_study" "${resume[@]}" "${study_args[@]}" \
     > "$OUT/study.log" 2>&1
   mark "study exit $?"
-  # the table, study.json and every seed's metrics and evaluations (no checkpoints), also of a run
-  # cut off, in one file: the device returns 8 files at most
-  (cd "$root" && find gpu_study \( -name "*.json" -o -name "*.jsonl" -o -name "*.md" \) -size -4M -print0 \
-    | tar czf "$OUT/study_files.tgz" --null -T -) 2>/dev/null
+  # the first training step of any process (progress lines carry T+ from the study's start)
+  first=$(grep -m1 -E " step +1 " "$root/gpu_study/progress.log" 2>/dev/null | sed -E 's/^\[study\] T\+ *([0-9]+) s.*/\1/')
+  [ -n "$first" ] && echo "[gpu_vllm_run] T+$(( study_t0 - t0 + first )) s: the study's first training step" | tee -a "$OUT/timeline.txt"
+  # every run's metrics, evaluations and logs (no checkpoints), also of a run cut off, in one file
+  # (the device returns 8 files at most), and the finished seeds' folders to commit in another:
+  #   tar xzf study_seeds.tgz -C docs/study/seeds   (docs/study.md)
+  (cd "$root/gpu_study" && find . \( -name "*.json" -o -name "*.jsonl" -o -name "*.md" -o -name "*.log" \) -size -4M \
+    -not -path "./seeds/*" -print0 | tar czf "$OUT/study_files.tgz" --null -T -) 2>/dev/null
+  if [ -d "$root/gpu_study/seeds" ]; then
+    (cd "$root/gpu_study/seeds" && tar czf "$OUT/study_seeds.tgz" .) && mark "seed folders: $(ls "$root/gpu_study/seeds" | tr '\n' ' ')"
+  fi
+  grep -E "FAILED|NOT STARTED| done in " "$root/gpu_study/progress.log" 2>/dev/null | tail -12
   tail -20 "$OUT/study.log"
 else
   mark "no time left for the study ($study_s s)"

@@ -206,6 +206,9 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
             continue
         pending.append(job)
     width = max(1, jobs or len(pending) or 1)
+    # torch's CPU ops (the retriever's encoder, tokenization) would each start one thread per core
+    # in every process: share the cores out instead (unless the caller chose)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // min(width, max(1, len(pending))))))
     running: list[SeedJob] = []
     say(f"[study] {len(pending)} demo process(es), {width} at a time"
         + (f", each vLLM engine {gpu_share:g} of the GPU's memory" if gpu_share is not None else ""))

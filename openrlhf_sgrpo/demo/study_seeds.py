@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -86,17 +87,20 @@ def _pick(record: dict | None, keys) -> dict | None:
     return {k: record[k] for k in keys if k in record}
 
 
+COMMIT_ENV = "SGRPO_COMMIT"  # the commit, where the tree has no .git (the lent GPU gets a copy)
+
+
 def git_commit(repo: Path | None = None) -> str:
-    """The commit the run's code came from ("unknown" outside a git checkout, e.g. a copied tree)."""
+    """The commit the run's code came from: git's, else ``$SGRPO_COMMIT``, else "unknown"."""
+    where = repo or Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo or Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=repo or Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if out.returncode != 0:
-        return "unknown"
+        out = None
+    if out is None or out.returncode != 0:
+        return os.environ.get(COMMIT_ENV, "").strip() or "unknown"
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
