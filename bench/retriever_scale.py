@@ -2,20 +2,25 @@
 
     python bench/retriever_scale.py --rows 2000000                  # Search-R1 files, import, serve
     python bench/retriever_scale.py --rows 21015324 --source stream # no source file: rows streamed
+    python bench/retriever_scale.py --rows 2000000 --distribution hard  # E5-like vectors (issue #49)
 
-What it does, in order (each step's numbers land in one table and ``WORK/results_N.json``):
+What it does, in order (each step's numbers land in one table and ``WORK/results_N[_hard].json``):
 
 1. **Data** (``--source file``): a Search-R1-style corpus jsonl (``{"id", "contents"}``) and an
    ``e5_Flat.index`` written the way ``faiss.write_index`` writes an IndexFlatIP, chunk by chunk,
    from :mod:`retriever_server.synthetic` (cluster-structured vectors; how they differ from E5 is
    in that module and docs/retriever.md). ``--source stream`` writes no source file: the rows are
    generated chunk by chunk straight into the same converter (for when 4 bytes x 768 x N does not
-   fit the disk next to its output, e.g. 64.5 GB at 21M on an 80 GB disk).
+   fit the disk next to its output, e.g. 64.5 GB at 21M on an 80 GB disk). ``--distribution hard``
+   draws the harder, E5-like vectors (anisotropic noise, Zipf cluster sizes, hubs, near-duplicates,
+   queries apart from passages; :mod:`retriever_server.synthetic`); ``easy`` is the earlier set.
 2. **Exact top-k** of held-out queries by brute force over every chunk as it passes (the ground
    truth for recall@3).
 3. **Conversion** in a child process (``python -m retriever_server.import_index``, or the stream
    equivalent): wall time, peak RSS (the child's VmHWM from /proc, sampled; the converter also
    records its VmHWM after each phase in meta.json) and peak private memory (RssAnon, sampled).
+   The converter calibrates nprobe on ``--calibration-queries`` held-out questions (other texts
+   than the recall queries) unless ``--nprobe`` fixes it; the served default is the calibrated one.
 4. **Serving** (``python -m retriever_server.serve``, query cache off): seconds from process start
    to the first answer; recall@3 of the server's default setting against the exact top-3;
    64 concurrent clients, one distinct query per request, QPS and p50/p99, private memory and the
@@ -126,21 +131,31 @@ def write_synthetic_docstore(out: Path, n: int) -> int:
     return n
 
 
-def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, exact_file: str) -> None:
+def calibration_texts(n: int) -> list[str]:
+    """The questions the converter calibrates on: never the recall queries (those are held out)."""
+    return query_texts(n, "calibration")
+
+
+def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, exact_file: str,
+                   kind: str = "easy", calibration: int = 300) -> None:
     """Child process of ``--source stream``: synthetic rows → the import's converter."""
     from retriever_server.build_index import write_meta
+    from retriever_server.calibrate import QuerySet
     from retriever_server.import_index import convert
     from retriever_server.ivf_stream import StreamSettings
     from retriever_server.profiles import resolve_profile
 
-    vecs = SyntheticVectors(SyntheticSpec(), rows)
+    vecs = SyntheticVectors(SyntheticSpec(kind=kind), rows)
+    cal = QuerySet(np.stack([vecs.query(t) for t in calibration_texts(calibration)]),
+                   f"{calibration} bench calibration questions", stand_in=False)
     exact = ExactTopK(np.stack([vecs.query(t) for t in query_texts(queries)]))
     prof = resolve_profile(vecs.model, "e5")
     state = {"corpus_sha256": None, "model": vecs.model, "profile": prof.to_dict(), "max_length": 256,
              "imported_from": vecs.model}
     settings = StreamSettings("ivf_sq8", nlist=nlist)
     meta_state = convert(vecs, out, settings=settings, docstore=lambda o: write_synthetic_docstore(o, rows),
-                         state=state, nprobe=nprobe, docs_bytes=rows * 70, on_chunk=exact.update)
+                         state=state, nprobe=nprobe or None, docs_bytes=rows * 70, on_chunk=exact.update,
+                         queries=cal)
     exact.fill(vecs, settings.chunk_rows)
     np.save(exact_file, exact.ids)
     out_p = Path(out)
@@ -308,7 +323,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--queries", type=int, default=300, help="held-out queries for recall@3")
     p.add_argument("--requests", type=int, default=1024, help="requests per load run")
     p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--nprobe", type=int, default=0, help="the server's default (0: the import's default)")
+    p.add_argument("--nprobe", type=int, default=0, help="the server's default (0: the calibrated one)")
+    p.add_argument("--distribution", choices=("easy", "hard"), default="easy",
+                   help="synthetic vectors: easy (the earlier set) or hard (E5-like, issue #49)")
+    p.add_argument("--calibration-queries", type=int, default=300,
+                   help="held-out questions the converter calibrates nprobe on (default %(default)s)")
     p.add_argument("--nlist", type=int, default=0)
     p.add_argument("--exact-max-rows", type=int, default=2_000_000)
     p.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 16, 32, 64], help="nprobe values for the recall table")
@@ -316,17 +335,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--keep", action="store_true", help="keep the data files (default: deleted at the end)")
     p.add_argument("--convert-stream", nargs=4, metavar=("OUT", "NPROBE", "NLIST", "EXACT"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    from retriever_server.faiss_index import DEFAULT_IVF_NPROBE
-
-    nprobe = a.nprobe or DEFAULT_IVF_NPROBE
+    nprobe = a.nprobe  # 0: calibrated by the converter
     if a.convert_stream:
         out, npb, nl, exact_file = a.convert_stream
-        convert_stream(a.rows, out, int(npb), int(nl), a.queries, exact_file)
+        convert_stream(a.rows, out, int(npb), int(nl), a.queries, exact_file, a.distribution, a.calibration_queries)
         return {}
-    work = Path(a.work) / f"rows{a.rows}"
+    work = Path(a.work) / f"rows{a.rows}-{a.distribution}"
     work.mkdir(parents=True, exist_ok=True)
-    vecs = SyntheticVectors(SyntheticSpec(), a.rows)
-    out, res = work / "ivf_sq8", {"rows": a.rows, "source": a.source, "nprobe": nprobe}
+    vecs = SyntheticVectors(SyntheticSpec(kind=a.distribution), a.rows)
+    out = work / "ivf_sq8"
+    res = {"rows": a.rows, "source": a.source, "distribution": a.distribution, "nprobe": nprobe or "calibrated"}
     exact_file = work / "exact_ids.npy"
     py = sys.executable
     t = time.perf_counter()
@@ -336,16 +354,20 @@ def main(argv: list[str] | None = None) -> dict:
         res["data_s"] = time.perf_counter() - t
         res["source_gb"] = flat.stat().st_size / 1e9
         np.save(exact_file, exact.ids)
+        qfile = work / "calibration_questions.txt"
+        qfile.write_text("\n".join(calibration_texts(a.calibration_queries)) + "\n")
         conv = run_child([py, "-m", "retriever_server.import_index", "--faiss", str(flat), "--corpus", str(corpus),
                           "--model", vecs.model, "--profile", "e5", "--out", str(out), "--index-type", "ivf_sq8",
-                          "--nprobe", str(nprobe),
+                          *(["--nprobe", str(nprobe)] if nprobe else []), "--calibration-queries", str(qfile),
                           "--nlist", str(a.nlist)])
     else:
         conv = run_child([py, __file__, "--rows", str(a.rows), "--queries", str(a.queries),
+                          "--distribution", a.distribution, "--calibration-queries", str(a.calibration_queries),
                           "--convert-stream", str(out), str(nprobe), str(a.nlist), str(exact_file)])
     res.update({f"convert_{k}": v for k, v in conv.items()})
     meta = json.loads((out / "meta.json").read_text())
     res["convert_phases"] = meta.get("import")
+    res["calibration"] = meta.get("calibration")
     res["index_gb"] = (out / "index.ivfdata").stat().st_size / 1e9 + (out / "index.faiss").stat().st_size / 1e9
     res["docstore_gb"] = ((out / DOCS_FILE).stat().st_size + (out / OFFSETS_FILE).stat().st_size) / 1e9
     exact_ids = np.load(exact_file)
@@ -360,7 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["exact"] = serve_and_measure(flat_out, exact_ids, a)
         res["qps_ratio_ivf_over_exact"] = res["ivf"]["search_qps"] / res["exact"]["search_qps"]
     print_table(res)
-    (Path(a.work) / f"results_{a.rows}.json").write_text(json.dumps(res, indent=1, default=str))
+    (Path(a.work) / f"results_{a.rows}{'' if a.distribution == 'easy' else '_' + a.distribution}.json").write_text(json.dumps(res, indent=1, default=str))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     return res
@@ -368,13 +390,18 @@ def main(argv: list[str] | None = None) -> dict:
 
 def print_table(r: dict) -> None:
     iv = r["ivf"]
-    rows = [("rows", f"{r['rows']:,}"), ("source", r["source"]),
+    cal = r.get("calibration") or {}
+    rows = [("rows", f"{r['rows']:,}"), ("source", r["source"]), ("distribution", r.get("distribution", "easy")),
             ("conversion", f"{r['convert_seconds']:.0f} s, VmHWM {r['convert_peak_rss_mb'] / 1024:.2f} GB "
                            f"(RssAnon {r['convert_peak_rss_anon_mb'] / 1024:.2f} GB)"),
             ("phases", json.dumps(r.get("convert_phases"))),
             ("index size", f"{r['index_gb']:.2f} GB (+ docstore {r['docstore_gb']:.2f} GB)"),
             ("first answer after start", f"{iv['first_answer_s']:.1f} s"),
-            ("recall@3 vs exact IP", f"{iv['recall@3']:.3f} at nprobe {iv['health'].get('nprobe')}"),
+            ("calibration", f"nprobe {cal.get('nprobe')} of {cal.get('nlist')} lists: recall@{cal.get('k')} "
+                            f"{cal.get('recall')} (target {cal.get('target')}, reached {cal.get('reached')}, "
+                            f"{cal.get('seconds')} s)" if cal else "none"),
+            ("recall@3 vs exact IP", f"{iv['recall@3']:.3f} at nprobe {iv['health'].get('nprobe')} "
+                                     "(held-out queries, not the calibration ones)"),
             ("search-only, 64 clients", f"{iv['search_qps']:.1f} QPS, p50 {iv['search_p50_ms']:.0f} ms, "
                                         f"p99 {iv['search_p99_ms']:.0f} ms"),
             ("private (RssAnon) under load", f"{iv['search_rss_anon_before_mb']:.0f} -> peak "
