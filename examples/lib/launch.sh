@@ -6,7 +6,9 @@
 # Environment (all optional):
 #   PYTHON        interpreter with openrlhf-sgrpo installed            (python3)
 #   RAY_ADDRESS   Ray dashboard of the head node                       (http://127.0.0.1:8265)
-#   SAVE_PATH     run folder: checkpoints, logs, rendered agent config (./runs/$RUN_NAME)
+#   SAVE_PATH     run folder: checkpoints, logs, rendered agent config (./runs/$RUN_NAME);
+#                 with NUM_NODES > 1 an absolute path on storage every node mounts there
+#   SHARED_FS     folder every node mounts at the same path (default with NUM_NODES > 1: SAVE_PATH)
 #   EXTRA_ARGS    extra CLI flags appended last (argparse: the last value wins)
 #   DRY_RUN=1     print the parsed config as JSON instead of submitting
 
@@ -38,7 +40,18 @@ render_agent_config() {
 run_cli() {
   local -a extra=()
   if [ -n "${EXTRA_ARGS:-}" ]; then read -r -a extra <<< "$EXTRA_ARGS"; fi
-  local -a cli=(-m openrlhf_sgrpo.cli.train_ppo_ray "$@" "${extra[@]}")
+  # Several nodes: the CLI refuses checkpoint/log paths not under --sgrpo.shared_fs (storage every
+  # node mounts at the same path). These scripts have always required SAVE_PATH to be such storage,
+  # so that is what they state unless SHARED_FS names the folder (a relative SAVE_PATH is refused).
+  local -a shared=()
+  if [ -n "${SHARED_FS:-}" ]; then
+    shared=(--sgrpo.shared_fs "$SHARED_FS")
+  elif [ "${NUM_NODES:-1}" -gt 1 ] && [ -n "${SAVE_PATH:-}" ]; then
+    shared=(--sgrpo.shared_fs "$SAVE_PATH")
+    echo "[launch] NUM_NODES=$NUM_NODES: SAVE_PATH=$SAVE_PATH is taken as storage every node mounts at that" \
+         "path (SHARED_FS=DIR names another; docs/multinode.md)" >&2
+  fi
+  local -a cli=(-m openrlhf_sgrpo.cli.train_ppo_ray "$@" "${shared[@]}" "${extra[@]}")
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "[dry-run] SGRPO_AGENT_CONFIG=${SGRPO_AGENT_CONFIG:-} $PYTHON ${cli[*]} --dry_run" >&2
     exec "$PYTHON" "${cli[@]}" --dry_run

@@ -1,4 +1,6 @@
-"""CLI flags of the two extra methods users compare with Stratified GRPO: SAPO and CalibAdv.
+"""CLI flags of the two extra methods users compare with Stratified GRPO: SAPO and CalibAdv;
+and ``--sgrpo.shared_fs``, which states the storage every node of a multi-node run mounts
+(checked in :mod:`openrlhf_sgrpo.cli.multinode`).
 
 Registered into :mod:`openrlhf_sgrpo.cli.flags` (``register_flags``); defaults come from the math
 modules so the CLI, the Ray workers (which read ``args.algo.sapo`` / ``args.algo.calibadv`` with
@@ -79,6 +81,11 @@ def add_extension_flags(parser: argparse.ArgumentParser) -> None:
                    help="turn score s_t >= this zeroes a negative turn instead of scaling it (None: off)")
     c.add_argument(f"{CALIB}positive_upper_limit", action="store_true", default=d.positive_upper_limit,
                    help="negative turns get A + (max group A - A) * s_t instead of A * (1 - s_t)")
+    m = parser.add_argument_group("openrlhf-sgrpo: multi-node runs (docs/multinode.md)")
+    m.add_argument("--sgrpo.shared_fs", type=str, action="append", default=None, metavar="DIR",
+                   help="a folder every Ray node mounts at this same path (NFS, Lustre, ...); repeatable. With more "
+                        "than one node, --ckpt.output_dir, --ckpt.path (when saving or resuming), --sgrpo.run_dir "
+                        "and --logger.tensorboard_dir must lie under one, or the run is refused at launch")
     c.add_argument(f"{CALIB}reset2zero", action="store_true", default=d.reset2zero,
                    help="positive rollouts get 0 on a search turn every rollout of the group aced")
 
@@ -89,6 +96,9 @@ def validate_extension_args(args: SimpleNamespace) -> list[str]:
     errors = sapo.config_errors(s.coef, s.ratio_threshold, s.estimator, prefix=SAPO)
     c = args.algo.calibadv
     errors += calibadv.config_errors(c, prefix=CALIB)
+    for folder in getattr(args.sgrpo, "shared_fs", None) or []:
+        if not folder.startswith("/"):
+            errors.append(f"--sgrpo.shared_fs {folder!r} must be an absolute path (every node mounts it there)")
     if c.enable and args.rollout.n_samples_per_prompt < 2:
         errors.append(f"{CALIB}enable needs prompt groups: --rollout.n_samples_per_prompt >= 2, "
                       f"got {args.rollout.n_samples_per_prompt}")

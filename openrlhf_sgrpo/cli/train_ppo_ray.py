@@ -30,6 +30,7 @@ from agent_env.config import CONFIG_YAML_ENV, AgentConfig, ConfigError, config_f
 from openrlhf_sgrpo.cli import worker_setup
 from openrlhf_sgrpo.cli.flags import add_sgrpo_flags, validate_sgrpo_args
 from openrlhf_sgrpo.cli.flags_extensions import sapo_inert_reason
+from openrlhf_sgrpo.cli.multinode import multinode_errors
 from openrlhf_sgrpo.openrlhf_ext.upstream_contract import MAIN_BLOCK_GLOBALS, main_block_violations
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -209,20 +210,48 @@ def ray_runtime_env(hf_engines: bool = False, payload: WorkerPayload | None = No
     return {"env_vars": env, "worker_process_setup_hook": f"{hook_module}.{_standin_installer(hf_engines)}"}
 
 
-def start_ray(hf_engines: bool = False, payload: WorkerPayload | None = None, **ray_init_kwargs: Any) -> None:
-    """``ray.init`` with :func:`ray_runtime_env` (unless Ray already runs in this process), then
-    our actor classes put where OpenRLHF's ``train()`` looks them up. Tests pass fake resources.
-    Without ``payload``, the agent config of this process's environment is read, checked and
-    forwarded by content (CliError naming a bad file)."""
+def connect_ray(hf_engines: bool = False, payload: WorkerPayload | None = None, **ray_init_kwargs: Any) -> None:
+    """``ray.init`` with :func:`ray_runtime_env` unless Ray already runs in this process. Without
+    ``payload``, the agent config of this process's environment is read, checked and forwarded by
+    content (CliError naming a bad file). Starts no actor."""
     import ray
-
-    from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
 
     if payload is None:
         payload = worker_payload()
     if not ray.is_initialized():
         ray.init(runtime_env=ray_runtime_env(hf_engines, payload), **ray_init_kwargs)
+
+
+def start_ray(hf_engines: bool = False, payload: WorkerPayload | None = None, **ray_init_kwargs: Any) -> None:
+    """:func:`connect_ray`, then our actor classes put where OpenRLHF's ``train()`` looks them up.
+    Tests pass fake resources."""
+    from openrlhf_sgrpo.openrlhf_ext.actors import install_actor_classes
+
+    connect_ray(hf_engines, payload, **ray_init_kwargs)
     install_actor_classes(hf_engines)
+
+
+def alive_nodes() -> int:
+    """How many nodes the Ray cluster this process joined has alive now."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def launch_config(args: SimpleNamespace, payload: WorkerPayload) -> AgentConfig | None:
+    """The agent config the engines will use: the one given, or the agent's defaults (loopback
+    URLs) when an agent runs without one; None when no agent runs."""
+    if payload.agent_config is not None:
+        return payload.agent_config
+    return AgentConfig() if args.train.agent_func_path else None
+
+
+def refuse_unshared(args: SimpleNamespace, payload: WorkerPayload, nodes: int | None = None) -> None:
+    """CliError listing every URL and path that cannot work across nodes (see
+    :mod:`openrlhf_sgrpo.cli.multinode`); nothing on one node."""
+    errors = multinode_errors(args, launch_config(args, payload), nodes)
+    if errors:
+        raise CliError("\n  ".join(["this run spans more than one node:", *errors]))
 
 
 def launch(args: SimpleNamespace, payload: WorkerPayload | None = None) -> None:
@@ -240,6 +269,17 @@ def launch(args: SimpleNamespace, payload: WorkerPayload | None = None) -> None:
                        "(pip install --no-deps openrlhf==0.11.2):\n  " + "\n  ".join(problems))
     if payload is None:
         payload = worker_payload(args.train.agent_func_path)
+    refuse_unshared(args, payload)
+    import ray
+
+    ours = not ray.is_initialized()
+    connect_ray(hf_engines, payload)
+    try:  # the flags may say one node while the cluster has several: asked before any actor starts
+        refuse_unshared(args, payload, alive_nodes())
+    except CliError:
+        if ours:
+            ray.shutdown()
+        raise
     if payload.agent_path is not None:
         args.train.agent_func_path = payload.agent_path
     start_ray(hf_engines, payload)
@@ -284,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     inert = sapo_inert_reason(args)
     if inert:
         print(f"warning: {inert}", file=sys.stderr)
-    try:
-        payload = worker_payload(args.train.agent_func_path)  # a bad agent file stops a dry run too
+    try:  # a bad agent file, a loopback URL or an unshared path on several nodes stops a dry run too
+        payload = worker_payload(args.train.agent_func_path)
+        refuse_unshared(args, payload)
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
