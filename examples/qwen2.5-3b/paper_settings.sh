@@ -18,6 +18,8 @@
 #   NUM_NODES        nodes in the Ray cluster                    (1)
 #   GPUS_PER_NODE    GPUs per node                               (8)
 #   SAVE_PATH        run folder                                  (./runs/$RUN_NAME)
+#                    with NUM_NODES > 1: absolute, on storage every node mounts at that
+#                    path (or name that folder with SHARED_FS); see docs/multinode.md
 #   EVAL_DATASET     optional test.jsonl evaluated every EVAL_STEPS (50) steps
 # plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
 

@@ -12,7 +12,8 @@
 # so OpenRLHF feeds it the raw question: --data.input_key question.
 # Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep, from prepare_qa.py qa
 # --template deep_research), WEB_SEARCH_URL (http://127.0.0.1:8000/search), SANDBOX_URL,
-# NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH, STEPS (200),
+# NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH (with NUM_NODES > 1: absolute, on storage every node
+# mounts; docs/multinode.md), STEPS (200),
 # plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
