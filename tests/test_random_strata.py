@@ -173,3 +173,31 @@ def test_cli_random_strata_reach_openrlhfs_code_path(openrlhf_gpu_stubs):
         got2[torch.tensor(e.index)] = e.info[ADVANTAGE_INFO_KEY].to(got.dtype)
     assert torch.equal(got2, stratified_advantages(rewards, shuffle_within_groups(calls, WN, strata_generator(11, 2)),
                                                    WN, alpha=0.6))
+
+
+def test_rollout_records_carry_the_drawn_strata_or_no_terms():
+    """Records of a random-strata run show the estimator's own labels and terms when the runner
+    passes its strata (the local trainer does), and no stratum/group terms when it cannot (the
+    cluster's dump): never terms computed on strata the run did not train with."""
+    from openrlhf_sgrpo import assets
+    from openrlhf_sgrpo.local.experience import Sample
+    from openrlhf_sgrpo.local.experience_maker import AdvantageConfig, sample_advantages
+    from openrlhf_sgrpo.rollout_records.sources import records_from_samples
+
+    rewards, calls = _batch(2, groups=2)
+    samples = [Sample(torch.tensor([1, 2, 3]), torch.ones(3), torch.tensor([0, 1]), None, float(r), float(r), 2, 3,
+                      False, False, {"tool_calls": int(c)}, prompt="q", label="a") for r, c in zip(rewards, calls)]
+    cfg = AdvantageConfig(estimator="stratified_grpo", alpha=0.6, stratify_by="random:tool_calls")
+    result = sample_advantages(samples, N, cfg, generator=strata_generator(0, 1))
+    tok = assets.load_qwen2_tokenizer()
+    kept = records_from_samples(samples, tok, N, phase="train", step=1, adv_cfg=cfg,
+                                advantages=result.advantages, strata=result.strata.tolist())
+    got = [s for g in kept for s in g["samples"]]
+    assert [s["stratum"] for s in got] == result.strata.tolist()
+    san = stratified_advantages(torch.tensor([s.reward for s in samples]), result.strata, N, alpha=1.0)
+    assert [s["san"] for s in got] == pytest.approx(san.tolist())
+    assert kept[0]["stratify_by"] == "random:tool_calls"  # meta is merged into the group record
+    blind = records_from_samples(samples, tok, N, phase="train", step=1, adv_cfg=cfg, advantages=result.advantages)
+    got = [s for g in blind for s in g["samples"]]
+    assert [s["stratum"] for s in got] == calls.tolist() and all(s["san"] is None for s in got)
+    assert [s["advantage"] for s in got] == pytest.approx(result.advantages.tolist())
