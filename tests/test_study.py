@@ -132,22 +132,6 @@ def test_split_arms_plans_one_process_per_arm_after_the_seed_warm_up(tmp_path):
         assert job.argv[-1] == "--resume" and job.argv[job.argv.index("--arms") + 1] in ("sgrpo:0.8", "random:0.8")
 
 
-def test_split_arms_reports_arms_not_started_when_the_warm_up_process_fails(tmp_path):
-    """The seed's first process fails at once (its folder holds a run, no --resume): its other arms
-    never start, and both are reported with the first one's log."""
-    (tmp_path / "seed_0").mkdir()
-    (tmp_path / "seed_0" / "args.json").write_text("{}")
-    lines: list[str] = []
-    codes = run_parallel([0], tmp_path, "grpo,sgrpo:0.8", ["--smoke"], split_arms=True, poll_s=0.2,
-                         emit=lines.append)
-    assert codes == {"seed 0 grpo": 2, "seed 0 sgrpo_a0.8": -1}  # the demo exits 2 on a bad --out
-    text = "\n".join(lines)
-    assert "seed 0 sgrpo_a0.8 NOT STARTED: seed 0 grpo ended (exit 2)" in text
-    assert f"log: {tmp_path / 'logs' / 'seed_0.grpo.log'}" in text
-    assert "already holds a run" in (tmp_path / "logs" / "seed_0.grpo.log").read_text()
-    assert not (tmp_path / "seed_0.sgrpo_a0.8").exists()
-
-
 def _span(folder: Path) -> tuple[float, float]:
     """First and last step-log time of a seed's run (its own log and its arms'), from the files."""
     times = [r["time"] for p in folder.glob("**/metrics.jsonl") for r in read_step_log(p)]
@@ -155,10 +139,12 @@ def _span(folder: Path) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_folders(tmp_path, capsys):
-    """Two seeds side by side through the real entry point, a third whose demo fails at once (its
-    folder holds a run and no --resume is given); run with --no-sandbox as the lent GPU machine
-    runs it (that image has no bubblewrap)."""
+def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed_folders(tmp_path, capsys):
+    """The GPU layout (--split-arms) through the real entry point: two seeds whose GRPO processes
+    start at once and do the warm-up, each seed's random-strata process then starting from a copy
+    of its weights, and a third seed whose demo fails at once (its folder holds a run and no
+    --resume is given), so its other arm never starts. Run with --no-sandbox as the lent GPU
+    machine runs it (that image has no bubblewrap)."""
     from openrlhf_sgrpo.demo.study_report import read_seeds, summarize as report_summary, write_report
 
     out = tmp_path / "study"
@@ -166,21 +152,22 @@ def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_fol
     bad = shifted_seed(7)
     (out / f"seed_{bad}").mkdir(parents=True)
     (out / f"seed_{bad}" / "args.json").write_text("{}")  # "already holds a run"
-    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad), "--arms",
-                             "grpo,random:0.8", "--session", "test", "--", "--steps", "1", "--heldout", "2",
-                             "--no-sandbox", "--engine", "hf"])
+    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad), "--split-arms",
+                             "--arms", "grpo,random:0.8", "--session", "test", "--", "--steps", "1",
+                             "--heldout", "2", "--no-sandbox", "--engine", "hf"])
     captured = capsys.readouterr()
     assert rc == 1  # one seed failed; the others' results are written
-    failed_log = out / "logs" / f"seed_{bad}.log"
-    assert f"seed {bad} FAILED (exit 2)" in captured.out and f"log: {failed_log}" in captured.out
+    failed_log = out / "logs" / f"seed_{bad}.grpo.log"
+    assert f"seed {bad} grpo FAILED (exit 2)" in captured.out and f"log: {failed_log}" in captured.out
+    assert f"seed {bad} random_a0.8 NOT STARTED" in captured.out
     assert "already holds a run" in failed_log.read_text()
-    # concurrency, from the processes' own step logs: the two runs' time spans overlap
+    # concurrency, from the processes' own step logs: the two seeds' GRPO runs overlap in time
     (a0, a1), (b0, b1) = (_span(out / f"seed_{s}") for s in seeds)
     assert max(a0, b0) < min(a1, b1), ((a0, a1), (b0, b1))
     progress = (out / "progress.log").read_text()
     labels = ("GRPO", "Random strata (alpha 0.8)")
     for s in seeds:
-        assert "sandbox   not started (--no-sandbox)" in (out / "logs" / f"seed_{s}.log").read_text()
+        assert "sandbox   not started (--no-sandbox)" in (out / "logs" / f"seed_{s}.grpo.log").read_text()
         for arm_dir in ("grpo", "random_a0.8"):
             assert f"seed {s} {arm_dir:<12} step   1" in progress
     table = (out / "study_table.md").read_text()
@@ -188,44 +175,25 @@ def test_study_runs_seeds_concurrently_survives_a_failed_one_and_writes_seed_fol
         assert f"| {row} " in table
     study = json.loads((out / "study.json").read_text())
     assert {k: study["environment"][k] for k in ("processor", "cpu_isa")} == processor()
-    assert sorted(study["per_seed"]) == sorted(map(str, seeds)) and study["failed"] == {f"seed {bad}": 2}
+    assert sorted(study["per_seed"]) == sorted(map(str, seeds))
+    assert study["failed"] == {f"seed {bad} grpo": 2, f"seed {bad} random_a0.8": -1}
     for label, s in study["summary"].items():
         assert s["seeds"] == 2 and not math.isnan(s["hop2/em"][0]), label
-    # the seed folders: small, in the committed form, and what the report aggregates
+    # the seed folders: small, in the committed form, both arms of a seed from the same weights,
+    # and what the report aggregates
     committed = read_seeds(out / "seeds")
     assert sorted(c["folder"] for c in committed) == [f"test_cpu_seed{s}" for s in seeds]
     for folder in (out / "seeds").iterdir():
         assert sum(p.stat().st_size for p in folder.iterdir()) < 50_000
     for c in committed:
-        assert list(c["arms"]) == list(labels)
+        assert list(c["arms"]) == list(labels) and c["after_warmup"] is not None
         assert all(len(c["steps"][label]) == 1 and c["steps"][label][0]["wall_s"] > 0 for label in labels)
         assert c["arms"]["Random strata (alpha 0.8)"]["stratify_by"] == RANDOM_STRATA
+        starts = {c["arms"][label]["start_weights"] for label in labels}
+        assert len(starts) == 1 and None not in starts
     summary = report_summary(committed)
     for label in labels:
         em2 = [c["arms"][label]["heldout"]["hop2/em"] for c in committed]
         assert summary[label]["EM 2-hop"]["n"] == 2 and summary[label]["EM 2-hop"]["mean"] == pytest.approx(sum(em2) / 2)
     table_path, figure = write_report(out / "seeds", tmp_path / "report")
     assert "2 seed folder(s) from 1 session(s)" in table_path.read_text() and figure.stat().st_size > 10_000
-
-
-@pytest.mark.slow
-def test_split_arms_run_side_by_side_from_one_warm_up(tmp_path):
-    """--split-arms (the GPU layout): the seed's GRPO process does the warm-up; the Stratified GRPO
-    process starts from a copy of its weights while GRPO still trains (their step logs overlap),
-    and both arms start from the same weights (the digest in each arm_start record)."""
-    from openrlhf_sgrpo.demo.study_report import read_seeds
-
-    out = tmp_path / "study"
-    seed = shifted_seed(0)
-    assert load_script().main(["--out", str(out), "--smoke", "--seeds", str(seed), "--split-arms", "--arms",
-                               "grpo,sgrpo:0.8", "--session", "split", "--", "--steps", "2", "--heldout", "2",
-                               "--no-sandbox", "--engine", "hf"]) == 0
-    grpo, sgrpo = out / f"seed_{seed}" / "grpo", out / f"seed_{seed}.sgrpo_a0.8" / "sgrpo_a0.8"
-    starts = [[r for r in read_step_log(d / "metrics.jsonl") if r["phase"] == "arm_start"] for d in (grpo, sgrpo)]
-    assert starts[0][0]["weights"] == starts[1][0]["weights"]
-    a, b = _span(grpo), _span(sgrpo)
-    assert max(a[0], b[0]) < min(a[1], b[1]), (a, b)
-    (committed,) = read_seeds(out / "seeds")
-    assert committed["arms"]["GRPO"]["start_weights"] == committed["arms"]["Stratified GRPO (alpha 0.8)"]["start_weights"]
-    assert committed["after_warmup"] is not None
-    assert all(len(steps) == 2 for steps in committed["steps"].values())

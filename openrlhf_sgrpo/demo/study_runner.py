@@ -92,9 +92,10 @@ def arm_items(arms: str) -> list[tuple[str, str]]:
 
 
 def seed_runs(out: Path, seed: int, arms: str, split_arms: bool) -> list[Path]:
-    """The run folders a seed's results are in: its own, and under split_arms each arm's."""
+    """Each arm's run folder, in the arms' order: the seed's own for every arm, or under split_arms
+    each arm's (the first: the seed's own)."""
     if not split_arms:
-        return [seed_dir(out, seed)]
+        return [seed_dir(out, seed)] * len(arm_items(arms))
     return [arm_run_dir(out, seed, i, arm_dir) for i, (_, arm_dir) in enumerate(arm_items(arms))]
 
 
