@@ -176,3 +176,51 @@ def test_a_worker_without_the_drivers_files_builds_the_agent_with_the_drivers_co
     assert {k: got["config"][k] for k in DISTINCT} == DISTINCT
     assert got["config"] == dataclasses.asdict(payload.agent_config)
     shutil.rmtree(shipped.parent, ignore_errors=True)
+
+
+# ------------------------------------------------------------- the launch scripts' submission
+
+RAY_STAND_IN = """#!/usr/bin/env python3
+# Stands in for the Ray CLI on PATH: records what `ray job submit` was asked to run, runs nothing.
+import json, os, sys
+open(os.environ["SUBMITTED"], "w").write(json.dumps(sys.argv[1:]))
+"""
+
+
+def test_the_launch_script_submits_the_config_by_content_and_the_head_needs_no_file(tmp_path):
+    """``examples/lib/launch.sh`` without DRY_RUN: what it hands ``ray job submit`` (the Ray CLI
+    itself is stood in for: no cluster here) carries the rendered config's *text*; the submitted
+    command, run as the job's driver would run it on a head that lacks the rendered file (deleted)
+    and sees only the job's variables, parses and validates."""
+    import json
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(RAY_STAND_IN)
+    (bin_dir / "ray").chmod(0o755)
+    save = tmp_path / "shared" / "run"
+    submitted = tmp_path / "submitted.json"
+    env = {**{k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, CONFIG_YAML_ENV)},
+           "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable, "SUBMITTED": str(submitted),
+           "NUM_NODES": "2", "SAVE_PATH": str(save), "DATA_DIR": str(tmp_path / "data"),
+           "RETRIEVER_URL": "http://retriever:8000/retrieve", "SKIP_HEALTH_CHECK": "1", "SERPER_API_KEY": "secret"}
+    proc = subprocess.run(["bash", str(REPO / "examples/qwen2.5-3b/train_sgrpo_base.sh")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    argv = json.loads(submitted.read_text())
+    assert argv[:2] == ["job", "submit"]
+    runtime_env = json.loads(next(a for a in argv if a.startswith("--runtime-env-json=")).split("=", 1)[1])
+    job_env = runtime_env["env_vars"]
+    rendered = save / "agent_config.yaml"
+    assert job_env[CONFIG_YAML_ENV] == rendered.read_text()
+    assert "retriever_url: http://retriever:8000/retrieve" in job_env[CONFIG_YAML_ENV]
+    assert "SERPER_API_KEY" not in job_env
+    cli = argv[argv.index("--") + 1:]
+    assert cli[:3] == ["python", "-m", "openrlhf_sgrpo.cli.train_ppo_ray"]
+    assert cli[cli.index("--sgrpo.shared_fs") + 1] == str(save)
+    rendered.unlink()  # the head does not have the submitting machine's file
+    head_env = {k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, CONFIG_YAML_ENV)} | job_env
+    out = subprocess.run([sys.executable, *cli[1:], "--dry_run"], env=head_env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout[out.stdout.index("{\n"):])["sgrpo"]["shared_fs"] == [str(save)]
