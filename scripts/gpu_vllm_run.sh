@@ -15,7 +15,7 @@
 # as seconds since then ("T+"), so the log shows whether the first training step began within
 # 4 minutes of the machine's start and the sequence ended inside 12 of the 15 device minutes.
 # SMOKE_RUNS: AB (default), A or B (one run leaves minutes for the study).
-# A study session (docs/study.md): SMOKE=0 SYNC_CHECK=0 bash scripts/gpu_vllm_run.sh 540; STUDY_SEEDS and
+# A study session (docs/study.md): SMOKE=0 SYNC_CHECK=0 bash scripts/gpu_vllm_run.sh 570; STUDY_SEEDS and
 # STUDY_ARGS override the study's seeds and flags; its seed folders come back in study_seeds.tgz.
 # SMOKE_EXTRA: more train_ppo_ray flags for both runs (default --vllm.enforce_eager; set it empty
 # for CUDA graphs). The CPU rehearsal (scripts/gpu_rehearsal.sh) runs this script too, with
