@@ -85,6 +85,8 @@ def test_report_writes_table_and_figure_with_step_times_per_session(seeds_root, 
     assert study_report.main(["--results", str(seeds_root), "--out", str(out)]) == 0
     table = (out / "table.md").read_text()
     assert "4 seed folder(s) from 2 session(s)" in table
+    assert "note: seed 0 is in 2 folders (s1_nvidia-h200_seed0, s2_cpu_seed0)" in table
+    assert "note: seed 1" not in table
     # GRPO's EM 2-hop over the four seeds [0.125, 0.25, 0.5, 0.0], formatted as the cell is
     vals = EM2 + [0.0]
     mean = sum(vals) / 4

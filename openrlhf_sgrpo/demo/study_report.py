@@ -170,9 +170,16 @@ def report_table(seeds: list[dict]) -> str:
     trows = [[session, device, label, s["n"], _cell(s)] for (session, device), arms in sorted(times.items())
              for label, s in arms.items()]
     sessions = sorted({(s["session"], s["device"]) for s in seeds})
+    by_seed: dict[int, list[str]] = {}
+    for s in seeds:
+        by_seed.setdefault(s["seed"], []).append(s["folder"])
+    # a seed run twice shares its warm-up data and draws: not two independent samples
+    repeats = [f"note: seed {k} is in {len(f)} folders ({', '.join(f)}): repeated seeds are not independent draws; "
+               "give a session new seeds (gpu_vllm_run.sh's default)" for k, f in sorted(by_seed.items()) if len(f) > 1]
     text = [f"{len(seeds)} seed folder(s) from {len(sessions)} session(s): "
             + ", ".join(f"{a} ({b})" for a, b in sessions) + ".",
-            "Cells: mean over seeds ± sample std [95 % t-interval of the mean]; one seed: the value alone.", "",
+            "Cells: mean over seeds ± sample std [95 % t-interval of the mean]; one seed: the value alone.",
+            *repeats, "",
             head, "", "Seconds per training step (each seed's mean; compare arms within a session only):", "",
             format_table(["session", "device", "arm", "seeds", "s/step"], trows) if trows else "(no step times)"]
     return "\n".join(text)
