@@ -5,7 +5,6 @@ report reads. A check of the plumbing (tiny random Qwen2, --smoke), not a result
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
