@@ -105,6 +105,9 @@ def test_progress_lines_come_from_the_step_logs(tmp_path):
         f.write('ep": 2, "time": 110.0, "reward": 0.75}\n')
     assert read_progress(job, t0=100.0)[0].split("step")[1].startswith("   2 (  2.5 s) reward 0.750")
     assert read_progress(job, t0=100.0) == []
+    with open(log, "a") as f:  # an evaluation without two-hop questions: NaN, written as null
+        f.write(json.dumps({"phase": "eval_after", "step": 2, "time": 111.0, "hop1/em": 0.5, "hop2/em": None}) + "\n")
+    assert read_progress(job, t0=100.0)[0].endswith("eval_after: held-out EM 1-hop 0.500 2-hop   -  ")
 
 
 def test_resume_skips_finished_seeds_and_resumes_started_ones(tmp_path):

@@ -135,14 +135,14 @@ def _step_line(job: SeedJob, path: Path, rec: dict, t0: float) -> str | None:
     where = path.parent.name if path.parent != job.folder else "run"
     phase, t = rec.get("phase"), rec.get("time") or time.time()
     head = f"[study] T+{t - t0:6.0f} s seed {job.seed} {where:<12}"
+    fmt = lambda k: "  -  " if not isinstance(rec.get(k), (int, float)) else f"{rec[k]:.3f}"  # noqa: E731
     if phase == "train":
         prev = job.last_time.get(path)
         took = f" ({t - prev:5.1f} s)" if prev is not None else ""
-        fmt = lambda k: "  -  " if rec.get(k) is None else f"{rec[k]:.3f}"  # noqa: E731
         return (f"{head} step {rec.get('step'):>3}{took} reward {fmt('reward')} searches/2-hop q "
                 f"{fmt('hop2/search_calls')} two-search share {fmt('hop2/two_search_share')} hop2 EM {fmt('hop2/em')}")
     if phase and phase.startswith("eval"):
-        return f"{head} {phase}: held-out EM 1-hop {rec.get('hop1/em', float('nan')):.3f} 2-hop {rec.get('hop2/em', float('nan')):.3f}"
+        return f"{head} {phase}: held-out EM 1-hop {fmt('hop1/em')} 2-hop {fmt('hop2/em')}"  # None: NaN in the log
     return None
 
 
