@@ -60,6 +60,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--gpu-memory-share", type=_share, default=None,
                    help="each process's vLLM engine may claim this fraction of the GPU's memory (vLLM's "
                         "gpu_memory_utilization; its default 0.85 lets one engine start); unset on a CPU")
+    p.add_argument("--stagger-s", type=float, default=2.0,
+                   help="seconds between two processes' starts (engines starting at once can race for a port)")
     p.add_argument("--session", default=None,
                    help="name of this session in the seed folders (default: UTC date and time, YYYYMMDD-HHMM)")
     p.add_argument("--seeds-out", default=None, help="where the seed folders go (default OUT/seeds)")
@@ -68,6 +70,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     args = p.parse_args(own)
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds repeats a seed: {args.seeds}")
+    if args.stagger_s < 0:
+        p.error(f"--stagger-s must be >= 0, got {args.stagger_s}")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupted = False
     try:
         codes = run_parallel(args.seeds, out, args.arms, demo_args, resume=args.resume, jobs=args.jobs,
-                             gpu_share=args.gpu_memory_share, split_arms=args.split_arms)
+                             gpu_share=args.gpu_memory_share, split_arms=args.split_arms, stagger_s=args.stagger_s)
     except KeyboardInterrupt:
         interrupted, codes = True, {}
     done = [s for s in args.seeds if seed_finished(out, s, args.arms, args.split_arms)]

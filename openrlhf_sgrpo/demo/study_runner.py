@@ -174,7 +174,8 @@ def read_progress(job: SeedJob, t0: float) -> list[str]:
 
 def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], resume: bool = False,
                  jobs: int | None = None, gpu_share: float | None = None, poll_s: float = 1.0,
-                 emit: Callable[[str], None] | None = None, split_arms: bool = False) -> dict[str, int]:
+                 emit: Callable[[str], None] | None = None, split_arms: bool = False,
+                 stagger_s: float = 2.0) -> dict[str, int]:
     """Run the study's demo processes, ``jobs`` at a time (default: all); returns process name
     (``seed 0``, or ``seed 0 grpo`` under ``split_arms``) -> exit status.
 
@@ -183,7 +184,9 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
     other arms are reported not started when its first arm's process ends without warm-up
     weights). Ctrl-C (or ``timeout -s INT`` on the process group, as gpu_vllm_run.sh sends it)
     reaches every demo, which keeps its last checkpoint for ``--resume``; the runner then waits for
-    them to finish writing."""
+    them to finish writing. Starts are ``stagger_s`` apart: engines starting in the same second
+    could pick the same free port for their distributed init, and vLLM's start-up check of free
+    GPU memory is steadier when the previous engine has finished allocating."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
@@ -211,12 +214,13 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
     # in every process: share the cores out instead (unless the caller chose)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // min(width, max(1, len(pending))))))
     running: list[SeedJob] = []
+    last_start = 0.0
     say(f"[study] {len(pending)} demo process(es), {width} at a time"
         + (f", each vLLM engine {gpu_share:g} of the GPU's memory" if gpu_share is not None else ""))
     try:
         while pending or running:
             for job in list(pending):
-                if len(running) >= width:
+                if len(running) >= width or time.time() - last_start < stagger_s:
                     break
                 if job.waits_for is not None and not job.waits_for.exists():
                     if job.waits_on is not None and job.waits_on.rc is not None:  # ended without them
@@ -228,6 +232,7 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
                 pending.remove(job)
                 _start(job, env, t0, say)
                 running.append(job)
+                last_start = job.started
             time.sleep(poll_s)
             for job in list(running):
                 for line in read_progress(job, t0):
