@@ -1,9 +1,10 @@
 """A rollout batch → everything the update needs, computed once per step (OpenRLHF's experience maker).
 
-The same functions as the OpenRLHF path: strata from the agent's info keys
-(:func:`openrlhf_sgrpo.strata.strata_from_info`), the estimator dispatch
-(:func:`openrlhf_sgrpo.advantages.compute_stratified`), the paper monitors
-(:func:`openrlhf_sgrpo.metrics.stratification_metrics`), upstream ``compute_reward`` for the
+The same functions as the OpenRLHF path: strata from the agent's info keys, or the random-strata
+control drawn from the step's generator (:func:`openrlhf_sgrpo.strata.batch_strata`), the
+estimator dispatch (:func:`openrlhf_sgrpo.advantages.compute_stratified`), the paper monitors
+(:func:`openrlhf_sgrpo.metrics.stratification_metrics`) and the advantage mass per tool-call
+stratum (:func:`openrlhf_sgrpo.mechanism.estimator_mechanism`), upstream ``compute_reward`` for the
 token path, and optionally CalibAdv on the token advantages of the *whole* batch (it needs
 complete prompt groups; ``turn_info.turn_tensors`` reads the agent's turn slots). Like
 ``RemoteExperienceMaker.make_experience``, the policy's log-probs (``old_log_probs``) and the
