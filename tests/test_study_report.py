@@ -116,3 +116,47 @@ def test_missing_and_malformed_seed_folders_are_named(seeds_root, tmp_path, caps
     (broken / "seed.json").write_text(json.dumps({"schema": 99}))
     with pytest.raises(SeedFolderError, match=r"s1_nvidia-h200_seed1: seed.json has schema 99"):
         read_seeds(seeds_root)
+
+
+def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
+    """The committed form's size budget, on a run folder shaped like a GPU seed's: 3 arms x 20
+    steps with every per-step key the trainer logs; the demo's 2 tool turns give strata 0-2 (the
+    trainer logs 0-3; 3 never occurs, 2 not at every step)."""
+    import random
+
+    from openrlhf_sgrpo.demo.study_seeds import export_seed
+
+    rng = random.Random(0)
+    run = tmp_path / "seed_0"
+    arms = "grpo,sgrpo:0.8,random:0.8"
+    for arm_dir in ("grpo", "sgrpo_a0.8", "random_a0.8"):
+        (run / arm_dir).mkdir(parents=True)
+        rows = [{"phase": "arm_start", "step": 0, "time": 1.7e9, "weights": "ab12"}]
+        for step in range(1, 21):
+            rec = {"phase": "train", "step": step, "time": 1.7e9 + 9.3 * step, "updates": [{"loss": rng.random()}]}
+            rec.update({k: rng.random() for k in ("reward", "reward_std", "em", "f1", "tool_calls", "search_calls",
+                                                   "answered", "action_tokens", "total_length", "hop1/em",
+                                                   "hop2/em", "hop1/search_calls", "hop2/search_calls",
+                                                   "hop1/two_search_share", "hop2/two_search_share",
+                                                   "sgrpo/strata_per_prompt", "sgrpo/constant_group_share",
+                                                   "time/experience_s", "time/update_s", "time/weight_sync_s")})
+            for k in range(4):
+                share = 0.0 if k == 3 or (k == 2 and step % 2) else rng.random()
+                rec.update({f"sgrpo/stratum{k}/share": share, f"sgrpo/stratum{k}/reward": rng.random(),
+                            f"sgrpo/stratum{k}/adv_mass": rng.random() - 0.5, f"sgrpo/stratum{k}/adv_mass_san": 0.0,
+                            f"sgrpo/stratum{k}/adv_mass_gn": rng.random() - 0.5})
+            rows.append(rec)
+        rows.append({"phase": "eval_after", "step": 20, "time": 1.7e9 + 200, "hop1/em": 0.9, "hop2/em": 0.3})
+        (run / arm_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "environment.json").write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11.0"}))
+    dest = export_seed(run, 0, arms, tmp_path / "seeds", "s", ["--seeds", "0"], commit="abc")
+    assert dest.name == "s_nvidia-h200_seed0"
+    size = sum(p.stat().st_size for p in dest.iterdir())
+    assert size < 50_000, size
+    (seed,) = read_seeds(tmp_path / "seeds")
+    grpo = seed["steps"]["GRPO"]
+    assert len(grpo) == 20 and grpo[0]["wall_s"] == pytest.approx(9.3, abs=1e-3)
+    assert "sgrpo/stratum2/adv_mass" in grpo[1] and "sgrpo/stratum2/adv_mass" not in grpo[0]  # absent stratum
+    assert all(f"sgrpo/stratum{k}/adv_mass_gn" in grpo[1] for k in range(3))
+    assert not any(k.startswith("sgrpo/stratum3/") for row in grpo for k in row)
+    assert seed["arms"]["Random strata (alpha 0.8)"]["heldout"]["hop2/em"] == 0.3
