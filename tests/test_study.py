@@ -76,17 +76,15 @@ def test_study_flags_are_checked_before_any_process(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
-def test_gpu_share_is_read_and_a_bad_one_named(monkeypatch):
-    from openrlhf_sgrpo.demo.stack import GPU_SHARE_ENV, gpu_memory_share
+def test_gpu_share_is_a_demo_flag_and_a_bad_one_named(capsys):
+    from openrlhf_sgrpo.demo.options import parse_args
 
-    monkeypatch.delenv(GPU_SHARE_ENV, raising=False)
-    assert gpu_memory_share() is None
-    monkeypatch.setenv(GPU_SHARE_ENV, "0.12")
-    assert gpu_memory_share() == 0.12
-    for bad in ("0", "1.2", "half"):
-        monkeypatch.setenv(GPU_SHARE_ENV, bad)
-        with pytest.raises(ValueError, match=repr(bad)):
-            gpu_memory_share()
+    assert parse_args(["--smoke"]).gpu_memory_share is None
+    assert parse_args(["--smoke", "--gpu-memory-share", "0.12"]).gpu_memory_share == 0.12
+    for bad in ("0", "1.2"):
+        with pytest.raises(SystemExit):
+            parse_args(["--smoke", "--gpu-memory-share", bad])
+        assert "--gpu-memory-share must be a fraction in (0, 1]" in capsys.readouterr().err, bad
 
 
 def test_progress_lines_come_from_the_step_logs(tmp_path):
@@ -155,7 +153,8 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
     (out / f"seed_{bad}").mkdir(parents=True)
     (out / f"seed_{bad}" / "args.json").write_text("{}")  # "already holds a run"
     rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad), "--split-arms",
-                             "--arms", "grpo,random:0.8", "--session", "test", "--", "--steps", "1",
+                             "--arms", "grpo,random:0.8", "--session", "test", "--gpu-memory-share", "0.4", "--",
+                             "--steps", "1",
                              "--heldout", "2", "--no-sandbox", "--engine", "hf"])
     captured = capsys.readouterr()
     assert rc == 1  # one seed failed; the others' results are written
@@ -170,6 +169,8 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
     labels = ("GRPO", "Random strata (alpha 0.8)")
     for s in seeds:
         assert "sandbox   not started (--no-sandbox)" in (out / "logs" / f"seed_{s}.grpo.log").read_text()
+        for run_dir in (out / f"seed_{s}", out / f"seed_{s}.random_a0.8"):  # each demo got its share (unused on a CPU)
+            assert json.loads((run_dir / "args.json").read_text())["gpu_memory_share"] == "0.4", run_dir
         for arm_dir in ("grpo", "random_a0.8"):
             assert f"seed {s} {arm_dir:<12} step   1" in progress
     table = (out / "study_table.md").read_text()

@@ -30,6 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                    help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
                         "vLLM where it runs, else HF with the reason")
+    p.add_argument("--gpu-memory-share", type=float, default=None,
+                   help="the share of the GPU's memory this run's vLLM engine may claim (vLLM's "
+                        "gpu_memory_utilization; default vLLM's 0.85). Several runs on one GPU (the study's "
+                        "parallel seeds) each need a share: vLLM refuses to start unless that much is free")
     p.add_argument("--compact-heap", action="store_true",
                    help="serve allocations >= 1 MB with their own mmap: ~0.7 GB less peak RSS in the update, "
                         "~25%% slower (bench/update_allocator.py)")
@@ -105,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.heldout < 2 and not args.data:
         p.error(f"--heldout must be >= 2 (one one-hop and one two-hop question), got {args.heldout}")
+    if args.gpu_memory_share is not None and not 0.0 < args.gpu_memory_share <= 1.0:
+        p.error(f"--gpu-memory-share must be a fraction in (0, 1], got {args.gpu_memory_share!r}")
     if args.warmup_steps < 0:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.n_samples < 2:

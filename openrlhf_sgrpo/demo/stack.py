@@ -6,30 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from pathlib import Path
-
-# The share of the GPU's memory one demo process's vLLM engine may claim (vLLM's
-# gpu_memory_utilization). An environment variable, set per process by the study's parallel
-# runner (demo/study_runner.py): vLLM refuses to start unless that share of the device is free,
-# and its default (0.85) lets only the first of several engines on one GPU start.
-GPU_SHARE_ENV = "SGRPO_GPU_MEMORY_SHARE"
-
-
-def gpu_memory_share() -> float | None:
-    """``$SGRPO_GPU_MEMORY_SHARE`` as a fraction in (0, 1], or None when unset (ValueError naming a
-    bad value)."""
-    raw = os.environ.get(GPU_SHARE_ENV, "").strip()
-    if not raw:
-        return None
-    try:
-        share = float(raw)
-    except ValueError:
-        share = float("nan")
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{GPU_SHARE_ENV}={raw!r}: write a fraction of the GPU's memory in (0, 1], e.g. 0.1")
-    return share
-
 
 def make_engine(args, model, tok):
     """The generation engine the rollouts sample from: vLLM (from a saved copy of the policy, then
@@ -40,7 +17,7 @@ def make_engine(args, model, tok):
     max_batch = max(args.concurrency, args.prompts_per_step * args.n_samples)
     if args.engine == "hf":
         return build_engine("hf", model, tok, seed=args.seed, max_batch=max_batch)
-    share = gpu_memory_share()
+    share = args.gpu_memory_share  # the study's parallel runs each take a share (demo/study_runner.py)
     # on a CPU vLLM reads the utilization as a share of host memory; the KV cache is sized in bytes there
     extra = {"gpu_memory_utilization": share} if share is not None and args.device != "cpu" else {}
     return build_engine("vllm", model, tok, model_path=policy_folder(args.model), seed=args.seed,

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from openrlhf_sgrpo.demo.stack import GPU_SHARE_ENV
-
 DONE = "study_done.json"  # written in a seed's folder when its process exited 0 (--resume skips it)
 
 
@@ -200,7 +198,7 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if gpu_share is not None:
-        env[GPU_SHARE_ENV] = f"{gpu_share:g}"
+        demo_args = [*demo_args, "--gpu-memory-share", f"{gpu_share:g}"]
     results: dict[str, int] = {}
     pending: list[SeedJob] = []
     for job in plan_jobs(seeds, out, arms, demo_args, resume, split_arms):
