@@ -15,10 +15,11 @@ from openrlhf_sgrpo.demo.study_report import SeedFolderError, read_seeds, stats,
 # held-out EM 2-hop of GRPO over three seeds, and the last step's reward
 EM2 = [0.125, 0.25, 0.5]
 LAST_REWARD = [0.4, 0.7, 0.55]
+WARM_EM2 = [0.0, 0.125, 0.125]  # held-out EM 2-hop after the warm-up, where every arm starts
 
 
 def write_seed(root: Path, name: str, seed: int, em2: float, last_reward: float, session: str = "s1",
-               mechanism: bool = True) -> Path:
+               mechanism: bool = True, warm_em2: float | None = None) -> Path:
     """A seed folder in the committed form, GRPO and Stratified GRPO, three steps each."""
     folder = root / name
     folder.mkdir(parents=True)
@@ -36,7 +37,7 @@ def write_seed(root: Path, name: str, seed: int, em2: float, last_reward: float,
                 row.update({"sgrpo/stratum1/adv_mass": -0.5 * step, "sgrpo/stratum2/adv_mass": 0.5 * step})
             lines.append(json.dumps(row))
     meta = {"schema": 1, "session": session, "device": "NVIDIA H200", "seed": seed, "commit": "abc", "argv": [],
-            "environment": {}, "after_warmup": None, "arms": arms}
+            "environment": {}, "after_warmup": None if warm_em2 is None else {"hop2/em": warm_em2}, "arms": arms}
     (folder / "seed.json").write_text(json.dumps(meta))
     (folder / "steps.jsonl").write_text("\n".join(lines) + "\n")
     return folder
@@ -46,7 +47,7 @@ def write_seed(root: Path, name: str, seed: int, em2: float, last_reward: float,
 def seeds_root(tmp_path: Path) -> Path:
     root = tmp_path / "seeds"
     for k, (em2, r) in enumerate(zip(EM2, LAST_REWARD)):
-        write_seed(root, f"s1_nvidia-h200_seed{k}", k, em2, r, mechanism=k != 2)
+        write_seed(root, f"s1_nvidia-h200_seed{k}", k, em2, r, mechanism=k != 2, warm_em2=WARM_EM2[k])
     return root
 
 
@@ -93,6 +94,14 @@ def test_report_writes_table_and_figure_with_step_times_per_session(seeds_root, 
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 3)
     half = 3.1824463052837 * std / 2
     assert f"{mean:.3f} ± {std:.3f} [{mean - half:.3f}, {mean + half:.3f}]" in table
+    # the warm-up row: the three seeds that recorded it (s2's did not), its last-step reward "-"
+    w_mean = sum(WARM_EM2) / 3
+    w_std = math.sqrt(sum((v - w_mean) ** 2 for v in WARM_EM2) / 2)
+    w_half = 4.302652729911275 * w_std / math.sqrt(3)
+    warm_row = next(line for line in table.splitlines() if line.startswith("| after warm-up (start) "))
+    cells = [c.strip() for c in warm_row.strip("|").split("|")]
+    assert cells[1] == "3" and cells[-1] == "-"
+    assert f"{w_mean:.3f} ± {w_std:.3f} [{w_mean - w_half:.3f}, {w_mean + w_half:.3f}]" in cells
     # step times: session s1's GRPO seeds ran 7, 8, 9 s per step; s2's one seed 7 s, alone
     assert "| s1 " in table and "8.000 ± 1.000" in table
     assert (out / "figure.png").stat().st_size > 10_000
@@ -140,8 +149,8 @@ def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
                                                    "hop1/two_search_share", "hop2/two_search_share",
                                                    "sgrpo/strata_per_prompt", "sgrpo/constant_group_share",
                                                    "time/experience_s", "time/update_s", "time/weight_sync_s")})
-            for k in range(4):
-                share = 0.0 if k == 3 or (k == 2 and step % 2) else rng.random()
+            for k in (0, 1, 2, 3, "4plus"):  # mechanism.py's names; 4plus: four or more calls, at step 5 only
+                share = 0.0 if k == 3 or (k == 2 and step % 2) or (k == "4plus" and step != 5) else rng.random()
                 rec.update({f"sgrpo/stratum{k}/share": share, f"sgrpo/stratum{k}/reward": rng.random(),
                             f"sgrpo/stratum{k}/adv_mass": rng.random() - 0.5, f"sgrpo/stratum{k}/adv_mass_san": 0.0,
                             f"sgrpo/stratum{k}/adv_mass_gn": rng.random() - 0.5})
@@ -159,4 +168,5 @@ def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
     assert "sgrpo/stratum2/adv_mass" in grpo[1] and "sgrpo/stratum2/adv_mass" not in grpo[0]  # absent stratum
     assert all(f"sgrpo/stratum{k}/adv_mass_gn" in grpo[1] for k in range(3))
     assert not any(k.startswith("sgrpo/stratum3/") for row in grpo for k in row)
+    assert [r["step"] for r in grpo if "sgrpo/stratum4plus/adv_mass" in r] == [5]  # the merged tail is kept
     assert seed["arms"]["Random strata (alpha 0.8)"]["heldout"]["hop2/em"] == 0.3

@@ -12,10 +12,11 @@ its own demo process (one warm-up, then every arm from the same warm-up weights)
 copy of its weights); ``--jobs`` processes at once (default: all), each vLLM engine with
 ``--gpu-memory-share`` of the GPU. One line per step per process goes to ``OUT/progress.log`` and
 stdout, each process's output to ``OUT/logs/seed_<s>[.<arm>].log``.
-A seed that fails is reported with its log; the others go on. Writes ``OUT/study_table.md``,
-``OUT/study.png``, ``OUT/study.json`` (this session's seeds) and, per finished seed, a small seed
-folder under ``OUT/seeds/`` to commit (``docs/study.md``; ``python -m
-openrlhf_sgrpo.demo.study_report`` aggregates every committed one). ``--resume`` continues every
+A seed that fails is reported with its log; the others go on. Writes, per finished seed, a small
+seed folder under ``OUT/seeds/`` (or ``--seeds-out``) to commit (``docs/study.md``), then the study
+report over every folder there (``OUT/table.md``, ``OUT/figure.png``: the same
+``python -m openrlhf_sgrpo.demo.study_report`` that aggregates every committed seed), and
+``OUT/study.json`` (this session's argv, machine and failed processes). ``--resume`` continues every
 seed's run where it stopped and skips the finished ones. ``--smoke`` runs it tiny on a CPU (tiny
 random Qwen2; a check of the plumbing, not a result). Exit status: 0, 1 if a seed failed, 130
 when interrupted (what finished is written either way).
@@ -29,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, write_study
+from openrlhf_sgrpo.demo.study import DEFAULT_ARMS, write_session
+from openrlhf_sgrpo.demo.study_report import write_report
 
 
 def _share(text: str) -> float:
@@ -90,7 +92,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     from openrlhf_sgrpo.demo.study_runner import run_parallel, seed_dir, seed_finished, seed_runs
-    from openrlhf_sgrpo.demo.study_seeds import export_seed, git_commit, load_seed_run
+    from openrlhf_sgrpo.demo.study_seeds import export_seed, git_commit
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args, demo_args = parse(argv)
@@ -107,17 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nno seed finished (failed: {failed or 'none'}; logs under {out / 'logs'})", file=sys.stderr)
         return 130 if interrupted else 1
     runs = {s: seed_runs(out, s, args.arms, args.split_arms) for s in done}
-    results = {s: load_seed_run(seed_dir(out, s), args.arms, runs[s]) for s in done}
     env_path = seed_dir(out, done[0]) / "environment.json"
-    extra = {"environment": json.loads(env_path.read_text()) if env_path.exists() else None,
-             "failed": {name: rc for name, rc in failed.items()},
-             "session": args.session}
-    table = write_study(results, out, argv, extra)
     commit = git_commit()
     seeds_out = Path(args.seeds_out) if args.seeds_out else out / "seeds"
     folders = [export_seed(seed_dir(out, s), s, args.arms, seeds_out, args.session, argv, commit, runs[s]) for s in done]
-    print("\n" + table)
-    print(f"\nwrote {out / 'study_table.md'}, {out / 'study.png'}, {out / 'study.json'}")
+    record = write_session(out, argv, args.session, json.loads(env_path.read_text()) if env_path.exists() else None,
+                           done, failed, folders)
+    table, figure = write_report(seeds_out, out)
+    print("\n" + table.read_text())
+    print(f"\nwrote {table}, {figure} (over every seed folder in {seeds_out}) and {record}")
     print("seed folders to commit: " + ", ".join(str(f) for f in folders))
     for name, rc in failed.items():  # each with its log in progress.log's FAILED line
         print(f"{name} FAILED (exit {rc}); see {out / 'progress.log'}", file=sys.stderr)

@@ -163,8 +163,13 @@ def _cell(s: dict) -> str:
 def report_table(seeds: list[dict]) -> str:
     """The markdown the report writes: the arms' table and the per-session step times."""
     summary = summarize(seeds)
-    rows = [[label, max(c["n"] for c in cols.values()), *(_cell(cols[c]) for c, _ in COLUMNS)]
-            for label, cols in summary.items()]
+    # where every arm starts: the seeds' held-out numbers after the warm-up (no RL step yet)
+    warm = {col: stats([(s.get("after_warmup") or {}).get(src[1]) for s in seeds]) if src[0] == "heldout" else None
+            for col, src in COLUMNS}
+    rows = [["after warm-up (start)", max(c["n"] for c in warm.values() if c), *(_cell(c) if c else "-"
+                                                                                for c in warm.values())]]
+    rows += [[label, max(c["n"] for c in cols.values()), *(_cell(cols[c]) for c, _ in COLUMNS)]
+             for label, cols in summary.items()]
     head = format_table(["arm (held-out after RL)", "seeds", *(c for c, _ in COLUMNS)], rows)
     times = step_times(seeds)
     trows = [[session, device, label, s["n"], _cell(s)] for (session, device), arms in sorted(times.items())

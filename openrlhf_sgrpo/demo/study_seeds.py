@@ -35,7 +35,7 @@ HELDOUT_KEYS = ("em", "f1", "hop1/em", "hop2/em", "hop2/f1", "search_calls", "ho
 # keep 4 decimals; tests/test_study_report.py checks the size)
 STEP_KEYS = ("reward", "em", "search_calls", "answered", "hop1/em", "hop2/em", "hop1/search_calls",
              "hop2/search_calls", "hop2/two_search_share", "sgrpo/strata_per_prompt", "time/update_s")
-STRATUM_KEY = re.compile(r"^sgrpo/stratum(\d+)/")
+STRATUM_KEY = re.compile(r"^sgrpo/stratum(\d+(?:plus)?)/")  # stratum0 .. stratum4plus (mechanism.py)
 
 
 def _last(records: list[dict], phase: str) -> dict | None:
