@@ -13,30 +13,17 @@ Ratios only: absolute times depend on the machine and are printed for reading, n
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollout_records_overhead import interleaved  # noqa: E402  (median of each, run in turn)
 from openrlhf_sgrpo.advantages import stratified_advantages  # noqa: E402
 from openrlhf_sgrpo.mechanism import estimator_mechanism  # noqa: E402
 from openrlhf_sgrpo.metrics import stratification_metrics  # noqa: E402
-
-
-def interleaved(fns: list, repeats: int) -> list[float]:
-    """Median time of each function, run in turn so that machine drift hits all alike."""
-    for fn in fns:
-        fn()  # warm-up
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, acc in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            acc.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -50,11 +37,14 @@ def main() -> None:
     total = a.prompts * a.n
     rewards = torch.randint(0, 2, (total,), generator=g).float()
     calls = torch.randint(0, 6, (total,), generator=g)
-    t_adv, t_mech, t_mon = interleaved([
+    fns = [
         lambda: stratified_advantages(rewards, calls, a.n, alpha=0.6),
         lambda: estimator_mechanism("stratified_grpo", rewards, calls, calls, a.n, 0.6),
         lambda: stratification_metrics(rewards, calls, a.n),
-    ], a.repeats)
+    ]
+    for fn in fns:
+        fn()  # warm-up
+    t_adv, t_mech, t_mon = interleaved(fns, a.repeats)
     print(f"batch: {a.prompts} prompts x {a.n} samples, tool calls 0-5 (1 thread, median of {a.repeats})")
     print(f"stratified_advantages        {t_adv * 1e6:9.0f} us   1.00x")
     print(f"estimator_mechanism          {t_mech * 1e6:9.0f} us {t_mech / t_adv:6.2f}x of the advantages")

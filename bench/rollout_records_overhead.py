@@ -25,11 +25,10 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from advantage_speed import _install_stubs
-
-from agent_env import info_keys as K
-from agent_env import metadata as M
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agent_env import info_keys as K  # noqa: E402
+from agent_env import metadata as M  # noqa: E402
+from openrlhf_sgrpo.testing import install_gpu_import_stubs  # noqa: E402
 
 MAX_TURNS, TOPK = 4, 3
 PROMPT, ACTION, OBS, ANSWER = 220, 60, 150, 30
@@ -105,7 +104,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    _install_stubs()
+    install_gpu_import_stubs()
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
     from openrlhf_sgrpo import assets
