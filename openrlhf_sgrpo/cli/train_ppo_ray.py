@@ -254,6 +254,53 @@ def refuse_unshared(args: SimpleNamespace, payload: WorkerPayload, nodes: int | 
         raise CliError("\n  ".join(["this run spans more than one node:", *errors]))
 
 
+# The single-controller classes OpenRLHF's train() imports and creates with ``.remote(...)``.
+TRAINER_CLASSES = (("openrlhf.trainer.ppo_trainer", "PPOTrainer"),
+                   ("openrlhf.trainer.ppo_trainer_async", "PPOTrainerAsync"))
+
+
+class PinnedActorClass:
+    """An actor class whose ``.remote(...)`` creates the actor with ``scheduling_strategy``
+    (every other attribute is the class's own)."""
+
+    def __init__(self, cls: Any, scheduling_strategy: Any) -> None:
+        self.cls, self.scheduling_strategy = cls, scheduling_strategy
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.cls.options(scheduling_strategy=self.scheduling_strategy).remote(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cls, name)
+
+
+def pin_trainer_to_driver_node() -> dict[tuple[str, str], Any]:
+    """Make the ``PPOTrainer`` (or ``PPOTrainerAsync``) actor that ``train()`` creates start on
+    this process's node: a soft node affinity, so another node only when this one cannot host it
+    (no CPU for it). Upstream gives it no resources and no node, so Ray may put it on any node, and
+    with it the rollout records and TensorBoard files (docs/multinode.md, "What runs where").
+    Returns what it replaced, for :func:`unpin_trainer`."""
+    import importlib
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    strategy = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    replaced = {}
+    for module, name in TRAINER_CLASSES:
+        mod = importlib.import_module(module)
+        cls = getattr(mod, name)
+        replaced[(module, name)] = cls
+        setattr(mod, name, PinnedActorClass(cls, strategy))
+    return replaced
+
+
+def unpin_trainer(replaced: dict[tuple[str, str], Any]) -> None:
+    import importlib
+
+    for (module, name), cls in replaced.items():
+        setattr(importlib.import_module(module), name, cls)
+
+
 def launch(args: SimpleNamespace, payload: WorkerPayload | None = None) -> None:
     """Check the installed OpenRLHF, start Ray with our actor classes, run OpenRLHF's train().
     The agent file OpenRLHF loads in each engine is the copy the workers write from ``payload``."""
@@ -287,9 +334,11 @@ def launch(args: SimpleNamespace, payload: WorkerPayload | None = None) -> None:
 
     from openrlhf_sgrpo.openrlhf_ext.vllm_engines import shutdown_engines
 
+    pinned = pin_trainer_to_driver_node()
     try:
         train(args)
     finally:  # upstream leaves its engines to ray.shutdown, which strands their shared memory
+        unpin_trainer(pinned)
         if not hf_engines:
             shutdown_engines()
 
