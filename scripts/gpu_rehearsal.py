@@ -299,7 +299,7 @@ def workers(out: Path) -> str:
 
     from openrlhf_sgrpo.cli.train_ppo_ray import ray_runtime_env
 
-    ray.init(num_cpus=4, runtime_env=ray_runtime_env(False), include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, runtime_env=ray_runtime_env(False), include_dashboard=False, log_to_driver=False)
     try:
         @ray.remote(num_cpus=0)
         class Importer:

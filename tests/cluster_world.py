@@ -123,7 +123,7 @@ def cluster(args, request):
     # the engines' ZeroMQ socket files (vLLM never removes them) go here, not /tmp; forwarded too
     ipc_dir = tempfile.mkdtemp(prefix="sgrpo-vllm-ipc-")
     os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
-    start_ray(num_cpus=16, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    start_ray(address="local", num_cpus=16, num_gpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:

@@ -159,7 +159,7 @@ def test_a_worker_without_the_drivers_files_builds_the_agent_with_the_drivers_co
     shutil.rmtree(shipped.parent, ignore_errors=True)  # a stale copy from an earlier run would prove nothing
     assert shipped != agent_file and not shipped.exists()
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(runtime_env=ray_runtime_env(hf_engines=True, payload=payload), num_cpus=1, num_gpus=0,
+    ray.init(address="local", runtime_env=ray_runtime_env(hf_engines=True, payload=payload), num_cpus=1, num_gpus=0,
              include_dashboard=False, log_to_driver=False)
     try:
         assert not shipped.exists()  # the driver never writes it: only a worker can have
