@@ -137,7 +137,7 @@ def calibration_texts(n: int) -> list[str]:
 
 
 def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, exact_file: str,
-                   kind: str = "easy", calibration: int = 300) -> None:
+                   kind: str = "easy", calibration: int = 300, coarse_dim: int = 128) -> None:
     """Child process of ``--source stream``: synthetic rows → the import's converter."""
     from retriever_server.build_index import write_meta
     from retriever_server.calibrate import QuerySet
@@ -152,7 +152,7 @@ def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, e
     prof = resolve_profile(vecs.model, "e5")
     state = {"corpus_sha256": None, "model": vecs.model, "profile": prof.to_dict(), "max_length": 256,
              "imported_from": vecs.model}
-    settings = StreamSettings("ivf_sq8", nlist=nlist)
+    settings = StreamSettings("ivf_sq8", nlist=nlist, coarse_dim=coarse_dim)
     meta_state = convert(vecs, out, settings=settings, docstore=lambda o: write_synthetic_docstore(o, rows),
                          state=state, nprobe=nprobe or None, docs_bytes=rows * 70, on_chunk=exact.update,
                          queries=cal)
@@ -329,6 +329,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--calibration-queries", type=int, default=300,
                    help="held-out questions the converter calibrates nprobe on (default %(default)s)")
     p.add_argument("--nlist", type=int, default=0)
+    p.add_argument("--coarse-dim", type=int, default=128,
+                   help="PCA space of the lists (0: the full vectors; import_index --coarse-dim)")
     p.add_argument("--exact-max-rows", type=int, default=2_000_000)
     p.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 16, 32, 64], help="nprobe values for the recall table")
     p.add_argument("--no-encoder", action="store_true", help="skip the with-encoding load")
@@ -338,13 +340,16 @@ def main(argv: list[str] | None = None) -> dict:
     nprobe = a.nprobe  # 0: calibrated by the converter
     if a.convert_stream:
         out, npb, nl, exact_file = a.convert_stream
-        convert_stream(a.rows, out, int(npb), int(nl), a.queries, exact_file, a.distribution, a.calibration_queries)
+        convert_stream(a.rows, out, int(npb), int(nl), a.queries, exact_file, a.distribution, a.calibration_queries,
+                       a.coarse_dim)
         return {}
+    tag = "" if a.coarse_dim == 128 else f"-coarse{a.coarse_dim}"
     work = Path(a.work) / f"rows{a.rows}-{a.distribution}"
     work.mkdir(parents=True, exist_ok=True)
     vecs = SyntheticVectors(SyntheticSpec(kind=a.distribution), a.rows)
-    out = work / "ivf_sq8"
-    res = {"rows": a.rows, "source": a.source, "distribution": a.distribution, "nprobe": nprobe or "calibrated"}
+    out = work / f"ivf_sq8{tag}"
+    res = {"rows": a.rows, "source": a.source, "distribution": a.distribution, "nprobe": nprobe or "calibrated",
+           "coarse_dim": a.coarse_dim}
     exact_file = work / "exact_ids.npy"
     py = sys.executable
     t = time.perf_counter()
@@ -359,10 +364,11 @@ def main(argv: list[str] | None = None) -> dict:
         conv = run_child([py, "-m", "retriever_server.import_index", "--faiss", str(flat), "--corpus", str(corpus),
                           "--model", vecs.model, "--profile", "e5", "--out", str(out), "--index-type", "ivf_sq8",
                           *(["--nprobe", str(nprobe)] if nprobe else []), "--calibration-queries", str(qfile),
-                          "--nlist", str(a.nlist)])
+                          "--nlist", str(a.nlist), "--coarse-dim", str(a.coarse_dim)])
     else:
         conv = run_child([py, __file__, "--rows", str(a.rows), "--queries", str(a.queries),
                           "--distribution", a.distribution, "--calibration-queries", str(a.calibration_queries),
+                          "--coarse-dim", str(a.coarse_dim),
                           "--convert-stream", str(out), str(nprobe), str(a.nlist), str(exact_file)])
     res.update({f"convert_{k}": v for k, v in conv.items()})
     meta = json.loads((out / "meta.json").read_text())
@@ -382,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
         res["exact"] = serve_and_measure(flat_out, exact_ids, a)
         res["qps_ratio_ivf_over_exact"] = res["ivf"]["search_qps"] / res["exact"]["search_qps"]
     print_table(res)
-    (Path(a.work) / f"results_{a.rows}{'' if a.distribution == 'easy' else '_' + a.distribution}.json").write_text(json.dumps(res, indent=1, default=str))
+    (Path(a.work) / f"results_{a.rows}{'' if a.distribution == 'easy' else '_' + a.distribution}{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     return res

@@ -22,6 +22,7 @@ the server, so a crash never leaves an index the server would start on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -222,8 +223,10 @@ def import_index(faiss_path: str | Path, corpus_path: str | Path, out_dir: str |
         queries = load_queries(calibration_queries, source.dim, _query_encoder(model, prof, max_length))
     settings = StreamSettings(kind=index_type) if settings is None else settings
     if settings.kind != index_type:
-        settings = StreamSettings(index_type, settings.nlist, settings.chunk_rows, settings.train_rows,
-                                  settings.kmeans_iters, settings.seed)
+        settings = dataclasses.replace(settings, kind=index_type)
+    if not 0 <= settings.coarse_dim <= source.dim:
+        raise BuildError(f"--coarse-dim must be between 0 (lists in the full {source.dim}-d space) and "
+                         f"{source.dim}, got {settings.coarse_dim}")
     meta_state = convert(source, out, settings=settings,
                          docstore=lambda o: write_docstore_from_corpus(corpus_path, o, progress),
                          state=state, nprobe=nprobe, docs_bytes=corpus_path.stat().st_size,
@@ -264,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-rows", type=int, default=d.chunk_rows,
                    help="vectors in RAM at a time, and the unit a restart resumes from (default %(default)s)")
     p.add_argument("--train-rows", type=int, default=0, help="k-means sample (default 40 x nlist)")
+    p.add_argument("--coarse-dim", type=int, default=d.coarse_dim,
+                   help="the PCA space the lists are chosen in (default %(default)s; 0: the full vectors, "
+                        "which reach a recall with fewer codes scanned per query for more assignment "
+                        "arithmetic; docs/retriever.md has the measured trade)")
     p.add_argument("--overwrite", action="store_true", help="discard an unfinished conversion in --out")
     p.add_argument("--place", default="symlink", choices=PLACEMENTS, help="--index-type flat: how the file enters --out")
     add_calibration_args(p)
@@ -272,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         meta = import_index(a.faiss, a.corpus, a.out, a.model, profile=a.profile, max_length=a.max_length,
                             index_type=a.index_type, place=a.place, nprobe=a.nprobe, overwrite=a.overwrite,
-                            settings=StreamSettings(a.index_type, a.nlist, a.chunk_rows, a.train_rows),
+                            settings=StreamSettings(a.index_type, a.nlist, a.chunk_rows, a.train_rows,
+                                                    coarse_dim=a.coarse_dim),
                             calibration_queries=a.calibration_queries, calibration_sample=a.calibration_sample,
                             target_recall=a.target_recall, recall_k=a.recall_k)
     except (BuildError, CorpusError, ConversionError, FlatFileError, CalibrationError, ValueError, OSError) as exc:

@@ -168,3 +168,34 @@ def test_exact_topk_fills_the_chunks_a_resumed_run_skipped():
     part.add(2_000, vecs.read(2_000, 3_000))  # as if chunks 0, 1, 3, 4 were done before a crash
     assert part.fill_gaps(vecs, 1_000) == 4_000
     np.testing.assert_array_equal(part.ids, full.ids)
+
+
+def test_coarse_dim_full_vectors_through_the_cli_and_the_server(hard_files, calibrated, tmp_path, capsys):
+    """``--coarse-dim 0`` chooses the lists in the full space (no PCA): the factory says so, the
+    calibration holds, the real server serves it at its calibrated nprobe with the recall measured
+    apart from calibrate.py, and the full-space lists need no more lists than the PCA ones (the
+    issue #49 design finding, at this small scale). A value outside [0, dim] is named."""
+    corpus, flat, vecs = hard_files
+    out = tmp_path / "full"
+    qfile = tmp_path / "questions.txt"
+    qfile.write_text("\n".join(_questions(300, "train")) + "\n")
+    base = ["--faiss", str(flat), "--corpus", str(corpus), "--model", HARD.model_name, "--profile", "e5",
+            "--index-type", "ivf_sq8", "--nlist", "128", "--chunk-rows", "8192"]
+    assert imp.main([*base, "--out", str(out), "--coarse-dim", "0", "--calibration-queries", str(qfile)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["import"]["factory"] == "IVF128(FlatL2),SQ8" and meta["import"]["coarse_dim"] == 0
+    cal = meta["calibration"]
+    assert cal["reached"] and meta["nprobe"] == cal["nprobe"]
+    assert cal["nprobe"] <= calibrated[1]["calibration"]["nprobe"]  # PCA-128 lists of the same data
+    q2 = _questions(120, "held-out")
+    with ServerProcess("--index", str(out)) as srv:
+        assert requests.get(srv.url + "/health", timeout=30).json()["nprobe"] == cal["nprobe"]
+        r = requests.post(srv.url + "/retrieve", json={"queries": q2, "topk": 3}, timeout=120)
+        r.raise_for_status()
+    got = np.array([[int(d["id"]) for d in hits] for hits in r.json()["result"]])
+    qv = np.stack([vecs.query(t) for t in q2])
+    assert recall_at_k(got, _exact(vecs, qv), 3) >= 0.90
+    capsys.readouterr()
+    assert imp.main([*base, "--out", str(tmp_path / "bad"), "--coarse-dim", str(DIM + 1)]) == 2
+    assert f"--coarse-dim must be between 0 (lists in the full {DIM}-d space) and {DIM}, got {DIM + 1}" \
+        in capsys.readouterr().err
