@@ -330,18 +330,30 @@ def test_the_agent_on_b_has_the_drivers_config_and_file_without_files_on_b(world
 
 
 def test_tool_calls_from_b_reach_the_services_and_are_counted(world):
+    """The fitted policy searches on its first question and runs code on its second, so both
+    services are called in every step; each answered call is one query or run in their counters."""
     assert world.first.returncode == 0, _tail(world.first)
     samples = [s for g in world.records_first for s in g["samples"]]
-    searches, codes = sum(s["search_calls"] for s in samples), sum(s["code_calls"] for s in samples)
-    assert searches > 0 and codes > 0, (searches, codes)  # the fitted policy searches and runs code
-    assert sum(s["tool_errors"] for s in samples) == 0  # each call got its answer (no connection error)
+    turns = [t for s in samples for t in s["turns"]]
+    assert sum(s["search_calls"] for s in samples) > 0 and sum(s["code_calls"] for s in samples) > 0
+    titles = [c["contents"].split("\n")[0].strip('"') for c in CORPUS]
+    found = [t for t in turns if t["kind"] == "search" and any(x in (t.get("output") or "") for x in titles)]
+    ran = [t for t in turns if t["kind"] == "code" and "42" in (t.get("output") or "")]
+    assert found and ran, [(t["kind"], t.get("output")) for t in turns if t["kind"] in ("search", "code")]
     retriever = world.metrics["retriever"]
-    assert retriever["requests"].get("/retrieve", 0) >= 1 and retriever["queries"] >= searches
+    assert retriever["requests"].get("/retrieve", 0) >= 1 and retriever["queries"] >= len(found), retriever
     runs = sum(int(float(ln.rsplit(" ", 1)[1])) for ln in world.metrics["sandbox"].splitlines()
                if ln.startswith("sandbox_runs_total"))
-    assert runs >= codes, world.metrics["sandbox"]
-    observations = [t.get("output") or "" for s in samples for t in s["turns"]]
-    assert any("Paris" in o or "Nile" in o or "Hamlet" in o for o in observations)
+    assert runs >= len(ran), world.metrics["sandbox"]
+
+
+def _partition(ids: list) -> list[list[int]]:
+    """Each group's ids relabelled by first appearance: equal lists mean equal strata."""
+    out = []
+    for g in range(0, len(ids), N):
+        first: dict = {}
+        out.append([first.setdefault(i, len(first)) for i in ids[g:g + N]])
+    return out
 
 
 def test_strata_and_advantages_equal_the_one_node_computation(world):
@@ -362,7 +374,8 @@ def test_strata_and_advantages_equal_the_one_node_computation(world):
         assert all(g["n"] == N for g in groups) and len(samples) == 3 * N
         strata = strata_from_info({"tool_calls": torch.tensor([float(s["tool_calls"]) for s in samples])},
                                   "tool_calls")
-        assert [s["stratum"] for s in samples] == strata.tolist(), step
+        # the same strata: the same partition of each prompt's samples (ids are only batch-local)
+        assert _partition([s["stratum"] for s in samples]) == _partition(strata.tolist()), step
         rewards = torch.tensor([s["reward"] for s in samples], dtype=torch.float32)
         expected = stratified_advantages(rewards, strata, N, alpha=ALPHA)
         trained = torch.tensor([s["advantage"] for s in samples], dtype=torch.float32)
