@@ -16,43 +16,11 @@ DeepSpeed's CPU accelerator (gloo). Test-only; nothing here is shipped with the 
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def __init__(self, name, then):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_then(module):
-            exec_module(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_then
-        return spec
-
-
-def after_import(name, then):
-    if name in sys.modules:
-        then(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
+from openrlhf_sgrpo.testing import after_import  # noqa: E402  (light: no torch, no vLLM)
 
 
 def _cuda_on_cpu(torch):
