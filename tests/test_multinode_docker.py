@@ -43,7 +43,7 @@ import pytest
 import yaml
 from docker_images import docker_env, engine_socket, require_engine, run, sandbox_image, tools_image, train_vllm_image
 
-# the image checks, the stack, two training runs: 13.5 min with the images cached, ~23 min with every
+# the image checks, the stack, two training runs: 9-13.5 min with the images cached (quiet / busy 2-core box), ~23 min with every
 # image rebuilt, on a busy 2-core machine (docs/multinode.md)
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
 
