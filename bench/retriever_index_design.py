@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from retriever_server.calibrate import ExactTopK  # noqa: E402
 from retriever_server.flat_file import open_flat_ip  # noqa: E402
 from retriever_server.synthetic import SyntheticSpec, SyntheticVectors  # noqa: E402
 
@@ -52,27 +53,20 @@ def load_avg() -> str:
 
 
 def exact_top3(src, n: int, q: np.ndarray, k: int = 3, cache: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The exact top-k ids of ``q`` among the first ``n`` rows, and those rows' vectors."""
+    """The exact top-k ids of ``q`` among the first ``n`` rows (calibrate.ExactTopK, the importer's
+    own), and those rows' vectors."""
     f = Path(cache) / f"exact_{n}_{len(q)}_{k}.npz" if cache else None
     if f is not None and f.exists():
         z = np.load(f)
         return z["ids"], z["x"]
-    best_s = np.full((len(q), 0), -np.inf, np.float32)
-    best_i = np.zeros((len(q), 0), np.int64)
-    best_x = np.zeros((len(q), 0, src.dim), np.float32)
+    top = ExactTopK(q, k)
     for s in range(0, n, CHUNK):
-        x = src.read(s, min(n, s + CHUNK))
-        sc = q @ x.T
-        top = np.argpartition(-sc, k - 1, axis=1)[:, :k]
-        all_s = np.concatenate([best_s, np.take_along_axis(sc, top, 1)], 1)
-        all_i = np.concatenate([best_i, top + s], 1)
-        all_x = np.concatenate([best_x, x[top]], 1)
-        o = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
-        best_s, best_i = np.take_along_axis(all_s, o, 1), np.take_along_axis(all_i, o, 1)
-        best_x = np.take_along_axis(all_x, o[:, :, None], 1)
+        top.add(s, src.read(s, min(n, s + CHUNK)))
+    rows = {int(i): src.read(int(i), int(i) + 1)[0] for i in np.unique(top.ids)}
+    best_x = np.stack([[rows[int(i)] for i in ids] for ids in top.ids]).astype(np.float32)
     if f is not None:
-        np.savez(f, ids=best_i, x=best_x)
-    return best_i, best_x
+        np.savez(f, ids=top.ids, x=best_x)
+    return top.ids, best_x
 
 
 def sample_rows(src, n: int, m: int, windows: int = 64) -> np.ndarray:
@@ -123,20 +117,11 @@ def lists_table(src, q: np.ndarray, subsets: list[int], nlists: list[int], coars
                 rows = np.arange(len(q))[:, None]
                 rank[rows, order] = np.arange(nlist)[None, :]
                 need = np.take_along_axis(rank, tl, 1)  # the rank of each true row's list, per query
-                found = None
-                for p in sorted({2 ** i for i in range(int(np.log2(nlist)) + 1)} | {nlist}):
-                    rec = float(np.mean(need < p))
-                    if rec >= target:
-                        found = (p, rec)
-                        break
-                # the exact smallest p (between powers of two) for the table
-                lo = found[0] // 2 if found else nlist
-                for p in range(max(1, lo), (found[0] if found else nlist) + 1):
-                    rec = float(np.mean(need < p))
-                    if rec >= target:
-                        found = (p, rec)
-                        break
-                p, rec = found
+                # recall at nprobe p is the share of true rows whose list ranks below p: its
+                # cumulative count over the ranks; the smallest p reaching the target (p = nlist gives 1)
+                curve = np.cumsum(np.bincount(need.ravel(), minlength=nlist)) / need.size
+                p = int(np.argmax(curve >= target)) + 1
+                rec = float(curve[p - 1])
                 codes = float(np.mean(sizes[order[:, :p]].sum(1)))
                 row = {"rows": n, "coarse": coarse, "nlist": nlist, "nprobe": p, "share_lists": p / nlist,
                        "codes_per_query": codes, "share_rows": codes / n, "recall_ideal": rec,
