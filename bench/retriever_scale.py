@@ -137,7 +137,8 @@ def calibration_texts(n: int) -> list[str]:
 
 
 def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, exact_file: str,
-                   kind: str = "easy", calibration: int = 300, coarse_dim: int = 128) -> None:
+                   kind: str = "easy", calibration: int = 300, coarse_dim: int = 128,
+                   index_type: str = "ivf_sq8") -> None:
     """Child process of ``--source stream``: synthetic rows → the import's converter."""
     from retriever_server.build_index import write_meta
     from retriever_server.calibrate import QuerySet
@@ -152,14 +153,14 @@ def convert_stream(rows: int, out: str, nprobe: int, nlist: int, queries: int, e
     prof = resolve_profile(vecs.model, "e5")
     state = {"corpus_sha256": None, "model": vecs.model, "profile": prof.to_dict(), "max_length": 256,
              "imported_from": vecs.model}
-    settings = StreamSettings("ivf_sq8", nlist=nlist, coarse_dim=coarse_dim)
+    settings = StreamSettings(index_type, nlist=nlist, coarse_dim=coarse_dim)
     meta_state = convert(vecs, out, settings=settings, docstore=lambda o: write_synthetic_docstore(o, rows),
                          state=state, nprobe=nprobe or None, docs_bytes=rows * 70, on_chunk=exact.update,
                          queries=cal)
     exact.fill(vecs, settings.chunk_rows)
     np.save(exact_file, exact.ids)
     out_p = Path(out)
-    write_meta(out_p, meta_state, prof, "ivf_sq8", vecs.dim, rows, out_p / DOCS_FILE)
+    write_meta(out_p, meta_state, prof, index_type, vecs.dim, rows, out_p / DOCS_FILE)
 
 
 class MemorySampler:
@@ -339,55 +340,70 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--serve-only", action="store_true",
                    help="measure the index a --keep run left under --work (no data, no conversion)")
     p.add_argument("--no-exact", action="store_true", help="skip the exact baseline")
-    p.add_argument("--convert-stream", nargs=4, metavar=("OUT", "NPROBE", "NLIST", "EXACT"), help=argparse.SUPPRESS)
+    p.add_argument("--index-types", nargs="+", default=["ivf_sq8"], choices=("ivf_sq8", "ivf_pqfs_sq8"),
+                   help="index kinds converted from the same data and measured in this run; the first is the "
+                        "baseline the others' QPS ratio is against (default: %(default)s)")
+    p.add_argument("--convert-stream", nargs=5, metavar=("OUT", "NPROBE", "NLIST", "EXACT", "KIND"),
+                   help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     nprobe = a.nprobe  # 0: calibrated by the converter
     if a.convert_stream:
-        out, npb, nl, exact_file = a.convert_stream
+        out, npb, nl, exact_file, kind = a.convert_stream
         convert_stream(a.rows, out, int(npb), int(nl), a.queries, exact_file, a.distribution, a.calibration_queries,
-                       a.coarse_dim)
+                       a.coarse_dim, kind)
         return {}
     tag = "" if a.coarse_dim == 128 else f"-coarse{a.coarse_dim}"
     work = Path(a.work) / f"rows{a.rows}-{a.distribution}"
     work.mkdir(parents=True, exist_ok=True)
     vecs = SyntheticVectors(SyntheticSpec(kind=a.distribution), a.rows)
-    out = work / f"ivf_sq8{tag}"
     res = {"rows": a.rows, "source": a.source, "distribution": a.distribution, "nprobe": nprobe or "calibrated",
-           "coarse_dim": a.coarse_dim}
+           "coarse_dim": a.coarse_dim, "index_types": a.index_types, "kinds": {}}
     exact_file = work / "exact_ids.npy"
     py = sys.executable
-    t = time.perf_counter()
-    if a.serve_only:
-        if not (out / "meta.json").exists() or not exact_file.exists():
-            raise SystemExit(f"--serve-only: no finished index and exact_ids.npy under {work} (run with --keep first)")
-        conv = {}
-    elif a.source == "file":
-        exact = ExactTopK(np.stack([vecs.query(q) for q in query_texts(a.queries)]))
-        corpus, flat = write_search_r1_files(vecs, work, exact)
-        res["data_s"] = time.perf_counter() - t
-        res["source_gb"] = flat.stat().st_size / 1e9
-        np.save(exact_file, exact.ids)
-        qfile = work / "calibration_questions.txt"
-        qfile.write_text("\n".join(calibration_texts(a.calibration_queries)) + "\n")
-        conv = run_child([py, "-m", "retriever_server.import_index", "--faiss", str(flat), "--corpus", str(corpus),
-                          "--model", vecs.model, "--profile", "e5", "--out", str(out), "--index-type", "ivf_sq8",
-                          *(["--nprobe", str(nprobe)] if nprobe else []), "--calibration-queries", str(qfile),
-                          "--nlist", str(a.nlist), "--coarse-dim", str(a.coarse_dim)])
-    else:
-        conv = run_child([py, __file__, "--rows", str(a.rows), "--queries", str(a.queries),
-                          "--distribution", a.distribution, "--calibration-queries", str(a.calibration_queries),
-                          "--coarse-dim", str(a.coarse_dim),
-                          "--convert-stream", str(out), str(nprobe), str(a.nlist), str(exact_file)])
-    res.update({f"convert_{k}": v for k, v in conv.items()})
-    meta = json.loads((out / "meta.json").read_text())
-    res["convert_phases"] = meta.get("import")
-    res["calibration"] = meta.get("calibration")
-    res["index_gb"] = (out / "index.ivfdata").stat().st_size / 1e9 + (out / "index.faiss").stat().st_size / 1e9
-    res["docstore_gb"] = ((out / DOCS_FILE).stat().st_size + (out / OFFSETS_FILE).stat().st_size) / 1e9
-    exact_ids = np.load(exact_file)
     model = None if a.no_encoder else bert_base_shaped(Path(a.work))
-    res["ivf"] = serve_and_measure(out, exact_ids, a, encoded_model=model)
-    res["sweep"] = nprobe_sweep(out, exact_ids, a.sweep)
+    corpus = flat = None
+    for kind in a.index_types:
+        out = work / f"{kind}{tag}"
+        kr: dict = {}
+        t = time.perf_counter()
+        if a.serve_only:
+            if not (out / "meta.json").exists() or not exact_file.exists():
+                raise SystemExit(f"--serve-only: no finished index and exact_ids.npy under {work} (run with --keep first)")
+            conv = {}
+        elif a.source == "file":
+            if flat is None:
+                exact = ExactTopK(np.stack([vecs.query(q) for q in query_texts(a.queries)]))
+                corpus, flat = write_search_r1_files(vecs, work, exact)
+                res["data_s"] = time.perf_counter() - t
+                res["source_gb"] = flat.stat().st_size / 1e9
+                np.save(exact_file, exact.ids)
+            qfile = work / "calibration_questions.txt"
+            qfile.write_text("\n".join(calibration_texts(a.calibration_queries)) + "\n")
+            conv = run_child([py, "-m", "retriever_server.import_index", "--faiss", str(flat), "--corpus", str(corpus),
+                              "--model", vecs.model, "--profile", "e5", "--out", str(out), "--index-type", kind,
+                              *(["--nprobe", str(nprobe)] if nprobe else []), "--calibration-queries", str(qfile),
+                              "--nlist", str(a.nlist), "--coarse-dim", str(a.coarse_dim), "--overwrite"])
+        else:
+            conv = run_child([py, __file__, "--rows", str(a.rows), "--queries", str(a.queries),
+                              "--distribution", a.distribution, "--calibration-queries", str(a.calibration_queries),
+                              "--coarse-dim", str(a.coarse_dim),
+                              "--convert-stream", str(out), str(nprobe), str(a.nlist), str(exact_file), kind])
+        kr.update({f"convert_{k}": v for k, v in conv.items()})
+        meta = json.loads((out / "meta.json").read_text())
+        kr["convert_phases"] = meta.get("import")
+        kr["calibration"] = meta.get("calibration")
+        kr["index_gb"] = sum(f.stat().st_size for f in out.iterdir()
+                             if f.is_file() and f.name.startswith(("index.", "rerank_"))) / 1e9
+        kr["docstore_gb"] = ((out / DOCS_FILE).stat().st_size + (out / OFFSETS_FILE).stat().st_size) / 1e9
+        exact_ids = np.load(exact_file)
+        kr["ivf"] = serve_and_measure(out, exact_ids, a, encoded_model=model)
+        kr["sweep"] = nprobe_sweep(out, exact_ids, a.sweep)
+        res["kinds"][kind] = kr
+    base = res["kinds"][a.index_types[0]]
+    res.update(base)  # the first kind's figures at the top level, as before --index-types
+    for kind in a.index_types[1:]:
+        res["kinds"][kind]["qps_ratio_over_" + a.index_types[0]] = (res["kinds"][kind]["ivf"]["search_qps"]
+                                                                  / base["ivf"]["search_qps"])
     if a.source == "file" and a.rows <= a.exact_max_rows and not a.no_exact and not a.serve_only:
         from retriever_server.import_index import import_index
 
@@ -395,7 +411,12 @@ def main(argv: list[str] | None = None) -> dict:
         import_index(flat, corpus, flat_out, vecs.model, profile="e5", index_type="flat", progress=False)
         res["exact"] = serve_and_measure(flat_out, exact_ids, a)
         res["qps_ratio_ivf_over_exact"] = res["ivf"]["search_qps"] / res["exact"]["search_qps"]
-    print_table(res)
+    for kind in a.index_types:
+        print(f"== {kind}")
+        print_table({**res, **res["kinds"][kind]})
+        for other, ratio in ((k[len("qps_ratio_over_"):], v) for k, v in res["kinds"][kind].items()
+                             if k.startswith("qps_ratio_over_")):
+            print(f"search-only QPS ratio {kind} / {other} (same run): {ratio:.2f}x")
     (Path(a.work) / f"results_{a.rows}{'' if a.distribution == 'easy' else '_' + a.distribution}{tag}.json").write_text(json.dumps(res, indent=1, default=str))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -175,35 +175,66 @@ def sweep_values(nlist: int) -> list[int]:
 def calibrate(index, queries: QuerySet, exact: ExactTopK, *, k: int = DEFAULT_K, target: float = DEFAULT_TARGET,
               progress: bool = True) -> dict[str, Any]:
     """Recall@k over the nprobe sweep; stops at the first nprobe reaching ``target`` (the answer),
-    or sweeps to every list when none does. Returns what ``meta.json`` keeps as ``calibration``."""
+    or sweeps to every list when none does. Returns what ``meta.json`` keeps as ``calibration``.
+
+    A re-ranked index (``ivf_pqfs_sq8``) has a second knob, the re-rank depth ``k_factor``: the
+    sweep runs once per depth in :data:`~retriever_server.rerank.K_FACTORS` (deeper ones only up
+    to the nprobe a shallower one needed; a depth's sweep ends where doubling nprobe stops raising
+    recall, since more lists then only add near-ties its shortlist cannot hold: at 21M a sweep to
+    every list costs minutes per depth), and of the points reaching the target the one with the
+    least measured time per query is chosen (a deeper re-rank costs reads, fewer lists cost
+    recall). Curve points then carry their ``k_factor``."""
     import faiss
 
-    ivf = faiss.extract_index_ivf(index)
-    saved = ivf.nprobe
+    from .rerank import K_FACTORS, RerankedIndex
+
+    reranked = isinstance(index, RerankedIndex)
+    ivf = faiss.extract_index_ivf(index.base if reranked else index)
+    saved = (ivf.nprobe, index.k_factor if reranked else None)
     curve: list[dict[str, float]] = []
-    chosen = None
     q = np.ascontiguousarray(queries.vectors, dtype=np.float32)
+    values = sweep_values(int(ivf.nlist))
+    depths = K_FACTORS if reranked else (None,)
     try:
-        values = sweep_values(int(ivf.nlist))
-        for p in tqdm(values, desc="calibrate: nprobe sweep", disable=not progress):
-            ivf.nprobe = p
-            t0 = time.perf_counter()
-            _, ids = index.search(q, k)
-            ms = (time.perf_counter() - t0) * 1000 / len(q)
-            r = recall_at_k(ids, exact.ids, k)
-            curve.append({"nprobe": p, "recall": round(r, 4), "ms_per_query": round(ms, 3)})
-            log.info("calibrate: nprobe %d of %d lists: recall@%d %.4f (%.2f ms/query)", p, ivf.nlist, k, r, ms)
-            if r >= target:
-                chosen = curve[-1]
-                break
+        for depth in depths:
+            if depth is not None:
+                index.k_factor = depth
+            todo = values
+            for c in curve:  # a deeper re-rank never needs more lists than a shallower one reached with
+                if c["recall"] >= target:
+                    todo = [p for p in todo if p <= c["nprobe"]]
+            for p in tqdm(todo, desc="calibrate: nprobe sweep" + (f" (k_factor {depth})" if depth else ""),
+                          disable=not progress):
+                ivf.nprobe = p
+                t0 = time.perf_counter()
+                _, ids = index.search(q, k)
+                ms = (time.perf_counter() - t0) * 1000 / len(q)
+                r = recall_at_k(ids, exact.ids, k)
+                curve.append({"nprobe": p, **({"k_factor": depth} if depth else {}), "recall": round(r, 4),
+                              "ms_per_query": round(ms, 3)})
+                log.info("calibrate: nprobe %d of %d lists%s: recall@%d %.4f (%.2f ms/query)", p, ivf.nlist,
+                         f", k_factor {depth}" if depth else "", k, r, ms)
+                if r >= target:
+                    break
+                if depth is not None and len(curve) > 1 and curve[-2].get("k_factor") == depth \
+                        and r <= curve[-2]["recall"]:
+                    break  # twice the lists gained nothing: this shortlist is the limit, try a deeper one
     finally:
-        ivf.nprobe = saved
-    reached = chosen is not None
-    if chosen is None:  # the best the codes allow, at the fewest lists that give it
+        ivf.nprobe = saved[0]
+        if reranked:
+            index.k_factor = saved[1]
+    good = [c for c in curve if c["recall"] >= target]
+    reached = bool(good)
+    if reached:  # the cheapest point reaching the target (the first, when there is one depth)
+        chosen = min(good, key=lambda c: c["ms_per_query"]) if reranked else good[0]
+    else:  # the best the codes allow, at the fewest lists that give it
         best = max(c["recall"] for c in curve)
         chosen = next(c for c in curve if c["recall"] == best)
-    return {"nprobe": int(chosen["nprobe"]), "recall": chosen["recall"], "k": k, "target": target,
-            "reached": reached, "nlist": int(ivf.nlist), "queries": queries.describe(), "curve": curve}
+    out = {"nprobe": int(chosen["nprobe"]), "recall": chosen["recall"], "k": k, "target": target,
+           "reached": reached, "nlist": int(ivf.nlist), "queries": queries.describe(), "curve": curve}
+    if reranked:
+        out["k_factor"] = int(chosen["k_factor"])
+    return out
 
 
 def unreached_message(cal: dict[str, Any]) -> str:
@@ -213,8 +244,9 @@ def unreached_message(cal: dict[str, Any]) -> str:
 
 
 def recall_at(cal: dict[str, Any], nprobe: int) -> float | None:
-    """The measured recall at ``nprobe`` (the curve point at or below it), None below the curve."""
-    pts = [c for c in cal.get("curve", []) if c["nprobe"] <= nprobe]
+    """The measured recall at ``nprobe`` (the curve point at or below it, at the calibrated
+    re-rank depth where there is one), None below the curve."""
+    pts = [c for c in cal.get("curve", []) if c["nprobe"] <= nprobe and c.get("k_factor") == cal.get("k_factor")]
     return pts[-1]["recall"] if pts else None
 
 

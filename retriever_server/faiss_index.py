@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 INDEX_FILE = "index.faiss"
 INDEX_TYPES = ("flat", "hnsw32", "ivf,pq", "sq8")  # built in RAM by build_from_chunks
 # built by streaming (ivf_stream.py), inverted lists in one memory-mapped file beside index.faiss
-STREAMED_TYPES = ("ivf_sq8", "ivf_pq")
+STREAMED_TYPES = ("ivf_sq8", "ivf_pq", "ivf_pqfs_sq8")
 DEFAULT_IVF_NPROBE = 32
 DEFAULT_HNSW_EF = 128
 
@@ -162,6 +162,20 @@ def _read_index(path: str | Path, mmap: bool, nprobe: int):
     return index
 
 
+def open_index(path: str | Path, mmap: bool = False, nprobe: int = DEFAULT_IVF_NPROBE, k_factor: int | None = None):
+    """:func:`read_index`, plus the SQ8 re-rank of a fast-scan IVF (``ivf_pqfs_sq8``,
+    :mod:`retriever_server.rerank`): what the server and the calibration search. Whether to
+    re-rank is decided by what ``index.faiss`` holds, never by files lying beside it."""
+    from .rerank import open_reranked
+
+    faiss = _faiss()
+    index = read_index(path, mmap=mmap, nprobe=nprobe)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None and isinstance(faiss.downcast_index(ivf), faiss.IndexIVFPQFastScan):
+        return open_reranked(Path(path).parent, index, k_factor)
+    return index
+
+
 def _invlists(index):
     faiss = _faiss()
     ivf = faiss.try_extract_index_ivf(index)
@@ -197,7 +211,11 @@ def check_lists_mapped(index, path: str | Path) -> None:
 
 def tune(index, nprobe: int = DEFAULT_IVF_NPROBE, ef_search: int = DEFAULT_HNSW_EF) -> None:
     """Search-time knobs for approximate indexes (no-ops for flat)."""
+    from .rerank import RerankedIndex
+
     faiss = _faiss()
+    if isinstance(index, RerankedIndex):  # nprobe is the fast-scan IVF's; the depth stays
+        index = index.base
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         ivf.nprobe = min(nprobe, ivf.nlist)

@@ -54,10 +54,11 @@ from .calibrate import (
 )
 from .corpora import CorpusError, file_sha256, iter_corpus
 from .docstore import DOCS_FILE, OFFSETS_FILE, DocStoreWriter
-from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, read_index
+from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, open_index, read_index
 from .flat_file import FlatFileError, open_flat_ip
 from .ivf_stream import (
     IVFDATA_FILE,
+    RERANK_KINDS,
     STATE_FILE,
     STREAM_KINDS,
     WORK_DIR,
@@ -67,9 +68,11 @@ from .ivf_stream import (
     VectorSource,
     check_kind,
     discard_unfinished,
+    estimate_block_bytes,
     estimate_output_bytes,
 )
 from .profiles import DEFAULT_MODEL, resolve_profile
+from .rerank import DEFAULT_K_FACTOR, RERANK_CODES_FILE, RERANK_SQ_FILE
 
 log = logging.getLogger(__name__)
 PLACEMENTS = ("symlink", "hardlink", "copy")
@@ -100,7 +103,8 @@ def check_disk(out: Path, need: int, what: str) -> None:
 
 def streamed_need_bytes(kind: str, dim: int, ntotal: int, docs_bytes: int) -> int:
     """Blocks and merged lists exist side by side until the merge ends, plus the docstore."""
-    return 2 * estimate_output_bytes(kind, dim, ntotal) + int(docs_bytes * DOCSTORE_OVERHEAD)
+    return (estimate_output_bytes(kind, dim, ntotal) + estimate_block_bytes(kind, dim, ntotal)
+            + int(docs_bytes * DOCSTORE_OVERHEAD))
 
 
 def write_docstore_from_corpus(corpus_path: Path, out: Path, progress: bool) -> int:
@@ -159,8 +163,8 @@ def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettin
     if count != source.ntotal:
         raise BuildError(f"the source holds {source.ntotal} vectors but the corpus has {count} passages: "
                          "row i of the index must be passage i of the corpus")
-    (out / INDEX_FILE).unlink(missing_ok=True)
-    (out / IVFDATA_FILE).unlink(missing_ok=True)
+    for name in (INDEX_FILE, IVFDATA_FILE, RERANK_CODES_FILE, RERANK_SQ_FILE):  # another kind's, from before
+        (out / name).unlink(missing_ok=True)
     info = builder.build(on_chunk_all)
     info["docstore_s"] = docs_s
     s = builder.settings
@@ -170,7 +174,7 @@ def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettin
     if exact is not None and queries is not None:
         t0 = time.perf_counter()
         refed = exact.fill_gaps(source, s.chunk_rows)  # chunks a resumed run skipped
-        cal = calibrate(read_index(out / INDEX_FILE), queries, exact, k=recall_k, target=target_recall,
+        cal = calibrate(open_index(out / INDEX_FILE), queries, exact, k=recall_k, target=target_recall,
                         progress=progress)
         cal["seconds"] = round(time.perf_counter() - t0, 1)
         cal["rows_reread"] = refed
@@ -179,6 +183,8 @@ def convert(source: VectorSource, out_dir: str | Path, *, settings: StreamSettin
         meta_state["calibration"] = cal
     chosen = nprobe if nprobe is not None else cal["nprobe"] if cal else DEFAULT_IVF_NPROBE
     meta_state["nprobe"] = min(chosen, s.nlist)
+    if s.kind in RERANK_KINDS:
+        meta_state["k_factor"] = cal["k_factor"] if cal else DEFAULT_K_FACTOR
     return meta_state
 
 

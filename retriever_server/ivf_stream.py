@@ -28,9 +28,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +42,7 @@ from tqdm import tqdm
 
 from .ivf_ondisk import block_lists, ondisk_invlists, write_merged_lists
 from .native_heap import proc_status_mb
+from .rerank import RERANK_CODES_FILE, RERANK_SQ_FILE, encode_rerank, train_rerank_quantizer
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,9 @@ TRAINED_FILE = "trained.index"
 IVFDATA_FILE = "index.ivfdata"
 SAMPLE_WINDOWS = 64
 # index kinds a stream can become, and the FAISS code each list entry holds
-STREAM_KINDS = {"ivf_sq8": "SQ8", "ivf_pq": "PQ{m}"}
+STREAM_KINDS = {"ivf_sq8": "SQ8", "ivf_pq": "PQ{m}", "ivf_pqfs_sq8": "PQ{fs}x4fs,Refine(SQ8)"}
+# kinds whose lists are 4-bit fast-scan codes re-ranked by SQ8 codes by row (retriever_server/rerank.py)
+RERANK_KINDS = ("ivf_pqfs_sq8",)
 # kinds that exist in the server but cannot be built by streaming, and why
 NOT_STREAMABLE = {
     "hnsw32": "an HNSW graph over full vectors keeps every vector in RAM while it is built "
@@ -113,6 +118,15 @@ def pq_m(dim: int) -> int:
     return 1
 
 
+def fs_m(dim: int) -> int:
+    """Fast-scan PQ sub-quantizers of 4 bits, 4 dimensions each (192 at 768-d: 96 bytes per row),
+    dividing dim: finer codes would scan slower, coarser ones need a deeper re-rank."""
+    for m in range(max(1, dim // 4), 0, -1):
+        if dim % m == 0:
+            return m
+    return 1
+
+
 @dataclass(frozen=True)
 class StreamSettings:
     kind: str = "ivf_sq8"
@@ -132,7 +146,7 @@ class StreamSettings:
         return replace(self, nlist=nlist, train_rows=min(train, ntotal))
 
     def factory(self, dim: int) -> str:
-        code = STREAM_KINDS[self.kind].format(m=pq_m(dim))
+        code = STREAM_KINDS[self.kind].format(m=pq_m(dim), fs=fs_m(dim))
         coarse = f"PCA{self.coarse_dim}-" if 0 < self.coarse_dim < dim else ""
         return f"IVF{self.nlist}({coarse}FlatL2),{code}"
 
@@ -159,6 +173,8 @@ def make_trained(sample: np.ndarray, s: StreamSettings):
     mt = faiss.METRIC_INNER_PRODUCT
     if s.kind == "ivf_sq8":
         index = faiss.IndexIVFScalarQuantizer(quantizer, dim, s.nlist, faiss.ScalarQuantizer.QT_8bit, mt, False)
+    elif s.kind in RERANK_KINDS:
+        index = faiss.IndexIVFPQFastScan(quantizer, dim, s.nlist, fs_m(dim), 4, mt)
     else:
         index = faiss.IndexIVFPQ(quantizer, dim, s.nlist, pq_m(dim), 8, mt)
     index.by_residual = False
@@ -168,8 +184,24 @@ def make_trained(sample: np.ndarray, s: StreamSettings):
         flat.this.disown()
         quantizer.own_fields = True
         pca.this.disown()
-    index.train(sample)  # the quantizer already holds nlist centroids: only the codes train
+    if s.kind in RERANK_KINDS:  # dim/4 tiny k-means (16 centroids in 4-d): OpenMP barriers dominate
+        with faiss_threads(1):  # 1.9 s on 1 thread, 132 s on 2 busy cores (10k x 768 sample)
+            index.train(sample)
+    else:
+        index.train(sample)  # the quantizer already holds nlist centroids: only the codes train
     return index
+
+
+@contextmanager
+def faiss_threads(n: int):
+    """FAISS's OpenMP thread count set to ``n`` for a block, restored after."""
+    faiss = _faiss()
+    saved = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(n)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(saved)
 
 
 def check_kind(kind: str) -> None:
@@ -182,12 +214,26 @@ def check_kind(kind: str) -> None:
 
 
 def code_bytes(kind: str, dim: int) -> int:
+    """Bytes of one list entry's code (fast-scan: two 4-bit codes per byte)."""
+    if kind in RERANK_KINDS:
+        return (fs_m(dim) + 1) // 2
     return dim if kind == "ivf_sq8" else pq_m(dim)
 
 
+def rerank_bytes(kind: str, dim: int) -> int:
+    """Bytes per row of the SQ8 re-rank file (0 for kinds without one)."""
+    return dim if kind in RERANK_KINDS else 0
+
+
+def estimate_block_bytes(kind: str, dim: int, ntotal: int) -> int:
+    """The blocks (list codes + 8-byte ids) the add phase writes before the merge."""
+    return ntotal * (code_bytes(kind, dim) + 8)
+
+
 def estimate_output_bytes(kind: str, dim: int, ntotal: int) -> int:
-    """The merged lists (codes + 8-byte ids) plus centroids: what index.ivfdata + index.faiss hold."""
-    return ntotal * (code_bytes(kind, dim) + 8) + 4 * dim * default_nlist(ntotal) * 2 + (1 << 20)
+    """The merged lists (codes + 8-byte ids), centroids and any re-rank codes: the folder's index files."""
+    return (estimate_block_bytes(kind, dim, ntotal) + ntotal * rerank_bytes(kind, dim)
+            + 4 * dim * default_nlist(ntotal) * 2 + (1 << 20))
 
 
 def _faiss():
@@ -270,6 +316,8 @@ class StreamingIVFBuilder:
         sample = _sample(self.source, s.train_rows)
         log.info("training %s on %d sampled rows", s.factory(self.source.dim), len(sample))
         index = make_trained(sample, s)
+        if s.kind in RERANK_KINDS:  # before trained.index: a restart that finds it finds this too
+            _write_atomic(train_rerank_quantizer(sample), self.work / RERANK_SQ_FILE)
         _write_atomic(index, path)
         self.timings["train_s"] = time.perf_counter() - t0
         return index
@@ -279,6 +327,7 @@ class StreamingIVFBuilder:
         s, n = self.settings, self.source.ntotal
         done = set(self.done_chunks())
         t0 = time.perf_counter()
+        rerank = _RerankWriter(self.work, n, self.source.dim) if s.kind in RERANK_KINDS else None
         with tqdm(total=n, initial=min(n, sum(min(s.chunk_rows, n - i * s.chunk_rows) for i in done)),
                   desc="import: assign + encode", unit="vec", unit_scale=True, disable=not self.progress,
                   mininterval=5.0, smoothing=0.1) as bar:
@@ -289,11 +338,15 @@ class StreamingIVFBuilder:
                 x = self.source.read(start, stop)
                 if on_chunk is not None:
                     on_chunk(start, x)
+                if rerank is not None:  # durable before the block: a finished block means its codes are there
+                    rerank.write(start, x)
                 block = faiss.clone_index(trained)
                 block.add_with_ids(x, np.arange(start, stop, dtype=np.int64))
                 _write_atomic(block, self._block(i))
                 del block, x
                 bar.update(stop - start)
+        if rerank is not None:
+            rerank.close()
         self.timings["add_s"] = time.perf_counter() - t0
 
     def merge(self, trained) -> None:
@@ -306,6 +359,10 @@ class StreamingIVFBuilder:
         ``index.faiss`` never names a missing or partial one)."""
         faiss = _faiss()
         t0 = time.perf_counter()
+        if self.settings.kind in RERANK_KINDS:
+            self._merge_in_ram(trained)
+            self.timings["merge_s"] = time.perf_counter() - t0
+            return
         ivfdata_tmp = self.work / IVFDATA_FILE
         ivfdata_tmp.unlink(missing_ok=True)
         blocks = [block_lists(self._block(i)) for i in range(self.n_chunks)]
@@ -334,6 +391,27 @@ class StreamingIVFBuilder:
         index_tmp.replace(self.out / "index.faiss")
         self.timings["merge_s"] = time.perf_counter() - t0
 
+    def _merge_in_ram(self, trained) -> None:
+        """Fast-scan lists are packed in blocks of 32 codes that FAISS keeps in RAM (no on-disk
+        layout), ``code_bytes + 8`` per row: the blocks are merged into one in-RAM index and
+        written whole, then the re-rank files and ``index.faiss`` are renamed into place, the
+        index last (its presence means the folder's other files are complete)."""
+        faiss = _faiss()
+        index = faiss.clone_index(trained)
+        with tqdm(total=self.n_chunks, desc="import: merge lists", unit="block", disable=not self.progress,
+                  mininterval=5.0) as bar:
+            for i in range(self.n_chunks):
+                index.merge_from(faiss.read_index(str(self._block(i))), 0)
+                bar.update(1)
+        if index.ntotal != self.source.ntotal:
+            raise ConversionError(f"merged {index.ntotal} vectors, expected {self.source.ntotal}")
+        index_tmp = self.work / "index.faiss"
+        _write_atomic(index, index_tmp)
+        del index
+        for name in (RERANK_SQ_FILE, RERANK_CODES_FILE):
+            (self.work / name).replace(self.out / name)
+        index_tmp.replace(self.out / "index.faiss")
+
     def build(self, on_chunk: Callable[[int, np.ndarray], None] | None = None) -> dict[str, Any]:
         """All phases (resuming what is on disk); returns the settings and per-phase seconds."""
         self.out.mkdir(parents=True, exist_ok=True)
@@ -346,6 +424,28 @@ class StreamingIVFBuilder:
         self.timings["vmhwm_after_merge_mb"] = peak_rss_mb()
         shutil.rmtree(self.work, ignore_errors=True)
         return {"factory": self.settings.factory(self.source.dim), **asdict(self.settings), **self.timings}
+
+
+class _RerankWriter:
+    """The SQ8 re-rank codes, written by row offset into one preallocated file (a resumed chunk
+    rewrites the same bytes) and flushed to disk before the chunk's block is written."""
+
+    def __init__(self, work: Path, ntotal: int, dim: int) -> None:
+        self.sq = _faiss().read_index(str(work / RERANK_SQ_FILE))
+        self.code_size = int(self.sq.sq.code_size)
+        self.fd = os.open(work / RERANK_CODES_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(self.fd).st_size != ntotal * self.code_size:
+            os.ftruncate(self.fd, ntotal * self.code_size)
+
+    def write(self, start: int, x: np.ndarray) -> None:
+        data = memoryview(encode_rerank(self.sq, x)).cast("B")
+        off, pos = start * self.code_size, 0
+        while pos < len(data):
+            pos += os.pwrite(self.fd, data[pos:], off + pos)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def discard_unfinished(out_dir: str | Path) -> None:

@@ -16,10 +16,11 @@ from .build_index import META_FILE
 from .calibrate import recall_at
 from .docstore import DOCS_FILE, DocStore
 from .encoder import Encoder, load_encoder
-from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, Searcher, make_searcher, read_index
+from .faiss_index import DEFAULT_IVF_NPROBE, INDEX_FILE, Searcher, make_searcher, open_index
 from .ivf_stream import IVFDATA_FILE
 from .native_heap import mapped_file_mb, process_memory
 from .profiles import Profile
+from .rerank import RERANK_CODES_FILE
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,11 @@ class Retriever:
         self.calibration_warning = calibration_warning(self.meta.get("calibration"), self.nprobe)
         if self.calibration_warning:
             log.warning("%s", self.calibration_warning)
-        self.index = read_index(self.index_dir / INDEX_FILE, mmap=mmap, nprobe=self.nprobe)
+        self.index = open_index(self.index_dir / INDEX_FILE, mmap=mmap, nprobe=self.nprobe,
+                                k_factor=self.meta.get("k_factor"))
         # files whose mapped pages are the index's (page cache), reported apart from private memory
-        self._mapped = {str(p.resolve()) for p in (self.index_dir / INDEX_FILE, self.index_dir / IVFDATA_FILE)
-                        if p.exists()}
+        self._mapped = {str(p.resolve()) for p in (self.index_dir / INDEX_FILE, self.index_dir / IVFDATA_FILE,
+                                                   self.index_dir / RERANK_CODES_FILE) if p.exists()}
         self.searcher = make_searcher(self.index, device=device)
         self.encoder = encoder or load_encoder(self.model, self.profile, device=device, fp16=fp16,
                                                max_length=self.max_length)
@@ -153,6 +155,8 @@ class Retriever:
         if not cal:
             return None
         out = {k: cal.get(k) for k in ("nprobe", "recall", "k", "target", "reached", "nlist")}
+        if "k_factor" in cal:
+            out["k_factor"] = cal["k_factor"]
         out["queries"] = cal.get("queries")
         out["serving_nprobe"] = self.nprobe
         out["recall_at_serving_nprobe"] = recall_at(cal, self.nprobe)
@@ -164,6 +168,7 @@ class Retriever:
         return {"model": self.model, "profile": self.profile.name, "index_type": self.meta.get("index_type"),
                 "index_size": self.size, "dim": self.dim, "device": self.device,
                 "search_backend": self.searcher.backend, **({"nlist": ivf, "nprobe": self.nprobe} if ivf else {}),
+                **({"k_factor": self.meta["k_factor"]} if "k_factor" in self.meta else {}),
                 "calibration": self.calibration()}
 
 

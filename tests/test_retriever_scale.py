@@ -210,8 +210,10 @@ def test_native_build_index_reaches_the_streamed_type(tmp_path):
 
 @pytest.mark.parametrize("distribution", ["easy", "hard"])
 def test_scale_bench_end_to_end_through_the_server(tmp_path, capsys, distribution):
+    kinds = ["ivf_sq8"] if distribution == "easy" else ["ivf_sq8", "ivf_pqfs_sq8"]
     res = _bench().main(["--rows", str(ROWS), "--work", str(tmp_path), "--no-encoder", "--requests", "128",
-                         "--queries", "100", "--clients", "16", "--distribution", distribution])
+                         "--queries", "100", "--clients", "16", "--distribution", distribution,
+                         "--index-types", *kinds])
     iv, ex, cal = res["ivf"], res["exact"], res["calibration"]
     # served at the calibrated nprobe; recall on held-out queries (not the calibration ones)
     assert cal["reached"] and iv["health"]["nprobe"] == cal["nprobe"] == iv["health"]["calibration"]["nprobe"]
@@ -219,7 +221,14 @@ def test_scale_bench_end_to_end_through_the_server(tmp_path, capsys, distributio
     assert iv["health"]["index_type"] == "ivf_sq8" and iv["health"]["memory"]["index_mapped_mb"] > 0
     assert iv["search_rss_anon_after_mb"] > 0 and iv["search_qps"] > 0
     assert res["convert_peak_rss_mb"] > 0 and res["convert_phases"]["vmhwm_after_merge_mb"] > 0
-    assert "QPS ratio" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "QPS ratio" in out
+    if distribution == "hard":  # the re-ranked kind from the same data, its ratio against ivf_sq8's QPS
+        fs = res["kinds"]["ivf_pqfs_sq8"]
+        assert fs["ivf"]["health"]["index_type"] == "ivf_pqfs_sq8" and fs["calibration"]["reached"]
+        assert fs["ivf"]["health"]["k_factor"] == fs["calibration"]["k_factor"]
+        assert fs["ivf"]["recall@3"] >= 0.9 and fs["qps_ratio_over_ivf_sq8"] > 0
+        assert "search-only QPS ratio ivf_pqfs_sq8 / ivf_sq8 (same run)" in out
     assert not (tmp_path / f"rows{ROWS}-{distribution}").exists()  # the bench removes its data
     suffix = "" if distribution == "easy" else "_hard"
     assert json.loads((tmp_path / f"results_{ROWS}{suffix}.json").read_text())["distribution"] == distribution
