@@ -8,6 +8,10 @@ the corpus jsonl. Two ways in:
   one memory-mapped file (:mod:`retriever_server.ivf_stream`): 16 GB (SQ8) or 2 GB (PQ) instead
   of 64.5 GB, RSS during the conversion a few GB, a progress bar, and a rerun after a crash
   continues with the next unfinished chunk.
+* ``--index-type ivf_pqfs_sq8``: the same stream into an IVF of 4-bit fast-scan PQ codes (in RAM,
+  2.2 GB at 21M) whose shortlist is re-ranked by SQ8 codes in a mapped file (16 GB at 21M):
+  the same recall as ``ivf_sq8`` for far less search time on E5-like vectors
+  (:mod:`retriever_server.rerank`, docs/retriever.md).
 * ``--index-type flat`` (the default): the file itself is linked (or copied) in and served exact
   (``--mmap``).
 
@@ -266,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--index-type", default="flat",
                    help=f"{' | '.join(INDEX_TYPES)} (default %(default)s: link the file as it is and serve it "
-                        "exact; ivf_sq8 for wiki-18 on a machine with less RAM than the file)")
+                        "exact; ivf_sq8 or ivf_pqfs_sq8 for wiki-18 on a machine with less RAM than the file: "
+                        "ivf_pqfs_sq8 answers faster at the same recall for 2.2 GB more RAM at 21M rows)")
     p.add_argument("--nprobe", type=int, default=None,
                    help="lists searched per query, the server's default (default: the calibrated one)")
     p.add_argument("--nlist", type=int, default=0, help="IVF lists (default ~sqrt(rows), a power of two)")
