@@ -44,6 +44,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import numpy as np
 
 from .profiles import Profile
@@ -254,3 +256,20 @@ def corpus_lines(start: int, stop: int) -> tuple[bytes, np.ndarray]:
     lines = [f'{{"id": "{i}", "contents": "\\"Synthetic {i}\\"\\nsynthetic passage {i}."}}\n'
              for i in range(start, stop)]
     return "".join(lines).encode("ascii"), np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
+
+
+def write_search_r1_pair(vecs: SyntheticVectors, work: Path, chunk_rows: int = 65_536) -> tuple[Path, Path]:
+    """``work/corpus.jsonl`` and ``work/flat.index`` for every row of ``vecs``: the two files
+    Search-R1 ships (a corpus and its IndexFlatIP, row i = line i), small enough for RAM per chunk;
+    what the import tests start from. The scale bench writes the same pair with progress and the
+    exact top-k kept on the way."""
+    from .flat_file import FlatIPWriter
+
+    work = Path(work)
+    data, _ = corpus_lines(0, vecs.ntotal)
+    (work / "corpus.jsonl").write_bytes(data)
+    w = FlatIPWriter(work / "flat.index", vecs.dim, vecs.ntotal)
+    for s in range(0, vecs.ntotal, chunk_rows):
+        w.write(vecs.read(s, min(vecs.ntotal, s + chunk_rows)))
+    w.close()
+    return work / "corpus.jsonl", work / "flat.index"

@@ -19,10 +19,9 @@ from retriever_server import import_index as imp
 from retriever_server.background import ServerProcess
 from retriever_server.build_index import build_index
 from retriever_server.calibrate import ExactTopK, recall_at_k
-from retriever_server.flat_file import FlatIPWriter
 from retriever_server.ivf_stream import StreamSettings
 from retriever_server.retriever import Retriever
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines, write_search_r1_pair
 
 ROWS, DIM = 30_000, 256
 HARD = SyntheticSpec(dim=DIM, kind="hard")
@@ -36,15 +35,8 @@ def _questions(n: int, salt: str) -> list[str]:
 @pytest.fixture(scope="module")
 def hard_files(tmp_path_factory):
     """A Search-R1-style corpus + IndexFlatIP file of ROWS hard synthetic rows."""
-    work = tmp_path_factory.mktemp("calib")
     vecs = SyntheticVectors(HARD, ROWS)
-    data, _ = corpus_lines(0, ROWS)
-    (work / "corpus.jsonl").write_bytes(data)
-    w = FlatIPWriter(work / "flat.index", DIM, ROWS)
-    for s in range(0, ROWS, 8_192):
-        w.write(vecs.read(s, min(ROWS, s + 8_192)))
-    w.close()
-    return work / "corpus.jsonl", work / "flat.index", vecs
+    return (*write_search_r1_pair(vecs, tmp_path_factory.mktemp("calib")), vecs)
 
 
 def _exact(vecs: SyntheticVectors, q: np.ndarray, k: int = 3) -> np.ndarray:

@@ -20,9 +20,8 @@ from retriever_server import import_index as imp
 from retriever_server.background import ServerProcess
 from retriever_server.build_index import build_index
 from retriever_server.faiss_index import INDEX_TYPES, STREAMED_TYPES, read_index, unmapped_lists
-from retriever_server.flat_file import FlatIPWriter
 from retriever_server.ivf_stream import StreamSettings
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, write_search_r1_pair
 
 ROWS, DIM = 3_000, 64
 SPEC = SyntheticSpec(dim=DIM)
@@ -34,13 +33,7 @@ QUERIES = [f"what is question {i}?" for i in range(8)]
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> tuple[Path, Path]:
     """A corpus of ROWS synthetic passages and its Search-R1-style IndexFlatIP file."""
-    work = tmp_path_factory.mktemp("mmap_src")
-    data, _ = corpus_lines(0, ROWS)
-    (work / "corpus.jsonl").write_bytes(data)
-    w = FlatIPWriter(work / "flat.index", DIM, ROWS)
-    w.write(SyntheticVectors(SPEC, ROWS).read(0, ROWS))
-    w.close()
-    return work / "corpus.jsonl", work / "flat.index"
+    return write_search_r1_pair(SyntheticVectors(SPEC, ROWS), tmp_path_factory.mktemp("mmap_src"))
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from retriever_server import ivf_stream
 from retriever_server.background import ServerProcess
 from retriever_server.calibrate import ExactTopK, recall_at_k
 from retriever_server.faiss_index import INDEX_FILE, open_index
-from retriever_server.flat_file import FlatIPWriter
 from retriever_server.ivf_stream import IVFDATA_FILE, StreamSettings
 from retriever_server.rerank import (
     K_FACTORS,
@@ -38,7 +37,7 @@ from retriever_server.rerank import (
     train_rerank_quantizer,
 )
 from retriever_server.retriever import Retriever
-from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, corpus_lines
+from retriever_server.synthetic import SyntheticSpec, SyntheticVectors, write_search_r1_pair
 
 ROWS, DIM, NLIST = 20_000, 256, 64
 HARD = SyntheticSpec(dim=DIM, kind="hard")
@@ -51,14 +50,8 @@ def _questions(n: int, salt: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hard_files(tmp_path_factory):
-    work = tmp_path_factory.mktemp("rerank")
     vecs = SyntheticVectors(HARD, ROWS)
-    data, _ = corpus_lines(0, ROWS)
-    (work / "corpus.jsonl").write_bytes(data)
-    w = FlatIPWriter(work / "flat.index", DIM, ROWS)
-    w.write(vecs.read(0, ROWS))
-    w.close()
-    return work / "corpus.jsonl", work / "flat.index", vecs
+    return (*write_search_r1_pair(vecs, tmp_path_factory.mktemp("rerank")), vecs)
 
 
 @pytest.fixture(scope="module")
