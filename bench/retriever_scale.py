@@ -3,6 +3,8 @@
     python bench/retriever_scale.py --rows 2000000                  # Search-R1 files, import, serve
     python bench/retriever_scale.py --rows 21015324 --source stream # no source file: rows streamed
     python bench/retriever_scale.py --rows 2000000 --distribution hard  # E5-like vectors (issue #49)
+    python bench/retriever_scale.py --rows 500000 --distribution hard --index-types ivf_sq8 ivf_pqfs_sq8
+                                    # both kinds from the same data, QPS ratio against the first
 
 What it does, in order (each step's numbers land in one table and ``WORK/results_N[_hard].json``):
 
