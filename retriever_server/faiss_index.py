@@ -37,12 +37,18 @@ def _ivf_lists(n: int) -> int:
     return max(1, min(int(4 * math.sqrt(max(n, 1))), n // 39 or 1))
 
 
-def _pq_subquantizers(dim: int) -> int:
-    """Largest sub-quantizer count ≤ dim/4 that divides dim (8-bit codes)."""
-    for m in range(max(1, dim // 4), 0, -1):
+def divisor_at_most(dim: int, cap: int) -> int:
+    """The largest sub-quantizer count <= ``cap`` that divides ``dim`` (PQ splits a vector into
+    equal parts); 1 when ``cap`` < 1."""
+    for m in range(max(1, cap), 0, -1):
         if dim % m == 0:
             return m
     return 1
+
+
+def _pq_subquantizers(dim: int) -> int:
+    """Largest sub-quantizer count ≤ dim/4 that divides dim (8-bit codes)."""
+    return divisor_at_most(dim, dim // 4)
 
 
 def _pq_bits(n: int) -> int:

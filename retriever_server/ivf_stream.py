@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from .faiss_index import divisor_at_most
 from .ivf_ondisk import block_lists, ondisk_invlists, write_merged_lists
 from .native_heap import proc_status_mb
 from .rerank import RERANK_CODES_FILE, RERANK_SQ_FILE, encode_rerank, train_rerank_quantizer
@@ -117,19 +118,13 @@ def default_nlist(n: int) -> int:
 
 def pq_m(dim: int) -> int:
     """PQ sub-quantizers of 8 bits: dim/8 bytes per vector (96 at 768-d), dividing dim."""
-    for m in range(max(1, dim // 8), 0, -1):
-        if dim % m == 0:
-            return m
-    return 1
+    return divisor_at_most(dim, dim // 8)
 
 
 def fs_m(dim: int) -> int:
     """Fast-scan PQ sub-quantizers of 4 bits, 4 dimensions each (192 at 768-d: 96 bytes per row),
     dividing dim: finer codes would scan slower, coarser ones need a deeper re-rank."""
-    for m in range(max(1, dim // 4), 0, -1):
-        if dim % m == 0:
-            return m
-    return 1
+    return divisor_at_most(dim, dim // 4)
 
 
 @dataclass(frozen=True)
