@@ -25,18 +25,34 @@ def make_engine(args, model, tok):
                         kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)), enforce_eager=True, **extra)
 
 
+def sandbox_needed(no_sandbox: bool, template: str) -> tuple[bool, str]:
+    """(start the sandbox?, why not): only when the template offers ``<code>`` and no flag said no."""
+    from agent_env.config import AgentConfig
+
+    if no_sandbox:
+        return False, "--no-sandbox"
+    if "code" not in AgentConfig(template=template).allowed_actions:
+        return False, f"template {template} offers no <code>"
+    return True, ""
+
+
 @contextlib.contextmanager
 def services(args, index: Path, train_index: Path | None, template: str):
-    """Retriever(s) and sandbox on loopback; yields the agent configs of evaluation and training.
+    """Retriever(s) and, when the prompts offer ``<code>``, the sandbox on loopback; yields the agent
+    configs of evaluation and training.
 
+    The sandbox starts only for a template that offers code (``search_r1_chat``, the demo's, offers
+    search alone): a laptop or a login node without root often cannot give the local backend its
+    isolation, and a run whose prompts never ask for code must not fail on it.
     Training searches its own index where the task has one (the training pairs' passages), so no
     held-out passage reaches the policy while it learns; evaluation searches everything."""
     from agent_env.config import AgentConfig
     from openrlhf_sgrpo.local.services import local_services
 
     with contextlib.ExitStack() as stack:
-        urls = stack.enter_context(local_services(index, sandbox=not args.no_sandbox))
-        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url or 'not started (--no-sandbox)'}")
+        start, why_not = sandbox_needed(args.no_sandbox, template)
+        urls = stack.enter_context(local_services(index, sandbox=start))
+        print(f"retriever {urls.retriever_url}\nsandbox   {urls.sandbox_url or f'not started ({why_not})'}")
         cfg = AgentConfig(retriever_url=urls.retriever_url, sandbox_url=urls.sandbox_url, template=template,
                           max_turns=args.max_turns, topk=3, max_obs_tokens=args.max_obs_tokens, reward=args.reward,
                           format_reward=True)
