@@ -95,7 +95,7 @@ def main() -> None:
                 rows[(mode, c)] = r = run_level(srv.url, qs, c)
                 print(f"{mode:9s} clients={c:3d} n={n:4d} qps={r['qps']:7.1f} "
                       f"p50={r['p50_ms']:8.1f}ms p99={r['p99_ms']:8.1f}ms", flush=True)
-        m = requests.get(batched.url + "/metrics", timeout=10).json()
+        m = requests.get(batched.url + "/metrics.json", timeout=10).json()
         print(f"batched server: {m['batches']} forwards for {m['queries']} queries, "
               f"mean batch {m['batch_size']['mean']:.1f}, max {m['batch_size']['max']}")
     print("\nclients | batched QPS | unbatched QPS | ratio | p50 b/u ms | p99 b/u ms")

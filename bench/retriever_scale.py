@@ -249,7 +249,7 @@ def load(url: str, texts: list[str], clients: int) -> dict[str, float]:
 
     def sample() -> None:
         while not stop.wait(1.0):
-            mem.append(requests.get(url + "/metrics", timeout=60).json()["memory"])
+            mem.append(requests.get(url + "/metrics.json", timeout=60).json()["memory"])
 
     def one(q: str) -> float:
         s = getattr(local, "s", None) or setattr(local, "s", requests.Session()) or local.s
@@ -258,7 +258,7 @@ def load(url: str, texts: list[str], clients: int) -> dict[str, float]:
         r.raise_for_status()
         return time.perf_counter() - t
 
-    before = requests.get(url + "/metrics", timeout=60).json()["memory"]
+    before = requests.get(url + "/metrics.json", timeout=60).json()["memory"]
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     t0 = time.perf_counter()
@@ -267,7 +267,7 @@ def load(url: str, texts: list[str], clients: int) -> dict[str, float]:
     wall = time.perf_counter() - t0
     stop.set()
     th.join()
-    after = requests.get(url + "/metrics", timeout=60).json()["memory"]
+    after = requests.get(url + "/metrics.json", timeout=60).json()["memory"]
     anon = [m["rss_anon_mb"] for m in [before, *mem, after]]
     return {"qps": len(texts) / wall, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "rss_anon_before_mb": before["rss_anon_mb"],

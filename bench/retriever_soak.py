@@ -85,7 +85,7 @@ def main() -> None:
                 for m, srv in servers.items():
                     rss[m].append(rss_mb(srv.proc.pid))
                 print(f"{done:6d} queries: " + "  ".join(f"{m} {rss[m][-1]:5.0f} MB" for m in MODES), flush=True)
-        heap = {m: requests.get(srv.url + "/metrics", timeout=30).json()["memory"] for m, srv in servers.items()}
+        heap = {m: requests.get(srv.url + "/metrics.json", timeout=30).json()["memory"] for m, srv in servers.items()}
     print(f"\n{a.queries} queries in {len(plan)} requests of 1-60 queries, per server")
     print("mode            | RSS start | RSS middle | RSS end | growth | heap free at end | search time")
     for m in MODES:

@@ -1,7 +1,9 @@
-"""Flask app factory: ``/retrieve`` (dense), ``/search`` (web), ``/health``, ``/metrics``.
+"""Flask app factory: ``/retrieve`` (dense), ``/search`` (web), ``/health``, ``/metrics``
+(Prometheus text) and ``/metrics.json`` (the same server's JSON snapshot, with percentiles).
 
-Every client mistake answers 400 ``{"error": ...}`` and the process lives on; unexpected
-failures answer JSON 500 (logged), never an HTML page.
+Every client mistake answers 4xx ``{"error": ...}`` and the process lives on (400 for a bad body,
+401 without the token when one is set, 429 past the web-search budget); unexpected failures
+answer JSON 500 (logged), never an HTML page.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from flask import Flask, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from . import auth
 from .batching import ShuttingDown
+from .budget import BudgetExceeded
 from .config import ServerConfig
 from .metrics import Metrics
+from .prom import CONTENT_TYPE, PromMetrics, StateCollector
 from .retriever import Retriever
 from .schema import BadRequest, decode_body, format_result, parse_request
 from .service import RetrievalService
@@ -33,6 +38,28 @@ class ServerState:
         self.config, self.retriever, self.web = config, retriever, web
         self.metrics = Metrics()
         self.service = RetrievalService(retriever, config, self.metrics) if retriever else None
+        self.auth = auth.BearerAuth(config.auth_token) if config.auth_token else None
+        self.prom = PromMetrics()
+        self.prom.registry.register(StateCollector(
+            retriever_info=lambda: self.retriever.info() if self.retriever else None,
+            memory=self.memory, cache=self.cache_stats, batch_sizes=self.metrics.batch_histogram,
+            web=self.web.stats))
+
+    def memory(self) -> dict[str, float]:
+        return self.retriever.memory() if self.retriever is not None else self.metrics.snapshot()["memory"]
+
+    def cache_stats(self) -> dict[str, Any] | None:
+        if self.service is None:
+            return None
+        c = self.service.cache
+        return {"size": len(c), "capacity": c.capacity, "hits": c.hits, "misses": c.misses, "hit_rate": c.hit_rate}
+
+    def refused(self, route: str, reason: str) -> None:
+        """A request without the token: counted by reason (never with the header's content)."""
+        self.prom.auth_failures.labels(reason).inc()
+        self.metrics.auth_failure(reason)
+        self.metrics.error(route, 401)
+        log.debug("401 on %s: %s token", route, reason)
 
     def close(self) -> None:
         if self.service:
@@ -54,7 +81,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
                               fp16=config.fp16, max_length=config.max_length, nprobe=config.nprobe)
         retriever.warmup(config.max_batch if config.batching else 1)
     web = web or SerperClient.from_env(cache_path=config.web_cache, retries=config.web_retries,
-                                       backoff_s=config.web_backoff_s)
+                                       backoff_s=config.web_backoff_s, budget=config.budget())
     state = ServerState(config, retriever, web)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.http.max_body_bytes  # waitress checks first; for other servers
@@ -68,6 +95,20 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
     def route() -> str:
         """The matched route, never the raw path: metrics labels stay a bounded set."""
         return request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+
+    @app.before_request
+    def _start_clock() -> None:
+        g.t0 = time.perf_counter()
+
+    auth.install(app, state.auth, lambda reason: state.refused(route(), reason))
+    if state.auth is not None:
+        log.info("every route but /health requires the bearer token (%s, fingerprint %s)",
+                 config.auth_source, auth.fingerprint(config.auth_token))
+
+    @app.after_request
+    def _count(resp: Response) -> Response:
+        state.prom.answered(route(), resp.status_code, time.perf_counter() - g.get("t0", time.perf_counter()))
+        return resp
 
     @app.errorhandler(BadRequest)
     def _bad(e: BadRequest):
@@ -114,6 +155,11 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
         except WebSearchUnavailable as e:
             state.metrics.error("/search", 503)
             return _error(503, str(e))
+        except BudgetExceeded as e:
+            state.metrics.error("/search", 429)
+            resp, code = _error(429, str(e))
+            resp.headers["Retry-After"] = str(e.retry_after_s)
+            return resp, code
         except WebSearchFailed as e:
             state.metrics.error("/search", 502)
             return _error(502, str(e))
@@ -132,14 +178,18 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
 
     @app.get("/metrics")
     def metrics():
+        return Response(state.prom.exposition(), mimetype=None, content_type=CONTENT_TYPE)
+
+    @app.get("/metrics.json")
+    def metrics_json():
         snap = state.metrics.snapshot()
         if state.retriever is not None:
             snap["memory"] = state.retriever.memory()
             snap["calibration"] = state.retriever.calibration()
-        if state.service is not None:
-            c = state.service.cache
-            snap["cache"] = {"size": len(c), "capacity": c.capacity, "hits": c.hits, "misses": c.misses,
-                             "hit_rate": c.hit_rate}
+        cache = state.cache_stats()
+        if cache is not None:
+            snap["cache"] = cache
+        snap["web_search"] = state.web.stats()
         return jsonify(snap)
 
     return app

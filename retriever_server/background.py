@@ -39,8 +39,10 @@ class RunningServer:
 
     def start(self) -> RunningServer:
         from .app import create_app
+        from .auth import check_bind
         from .http_server import HttpServer
 
+        check_bind(self.host, self.config.auth_token, self.config.no_auth)  # before loading anything
         self.app = create_app(self.config, retriever=self._retriever, web=self._web)
         try:
             self._http = HttpServer(self.app, self.host, self.port, self.config.http)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .budget import Limits as BudgetLimits
 from .http_server import HttpSettings
 from .schema import Limits
 
@@ -33,10 +34,21 @@ class ServerConfig:
     web_cache: str | None = None  # sqlite path for Serper answers
     web_retries: int = 3
     web_backoff_s: float = 0.5
+    # the web-search bill: provider queries (cache misses) per rolling minute / day; None = no cap
+    max_queries_per_minute: int | None = None
+    max_queries_per_day: int | None = None
+    # the shared bearer token (auth.py): every route but /health requires it; None = open, which
+    # only a loopback bind or an explicit no_auth (a trusted network) allows
+    auth_token: bytes | None = field(default=None, repr=False)
+    auth_source: str = "none"  # where the token came from, for the log (never the token)
+    no_auth: bool = False
     http: HttpSettings = field(default_factory=HttpSettings)  # the waitress layer (serve, RunningServer)
 
     def limits(self) -> Limits:
         return Limits(self.topk, self.max_topk, self.max_queries, self.allow_empty_queries)
+
+    def budget(self) -> BudgetLimits:
+        return BudgetLimits(self.max_queries_per_minute, self.max_queries_per_day)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value (the CLI prints it and exits)."""
@@ -55,4 +67,5 @@ class ServerConfig:
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        self.budget().validate()
         self.http.validate()

@@ -1,4 +1,5 @@
-"""Request counters, batch-size histogram, latency percentiles and process memory for ``GET /metrics``.
+"""Request counters, batch-size histogram, latency percentiles and process memory for
+``GET /metrics.json`` (the JSON snapshot; ``GET /metrics`` is Prometheus text, ``prom.py``).
 
 Labels are bounded: callers pass route names, never raw request paths.
 """
@@ -26,6 +27,7 @@ class Metrics:
         self.queries = 0
         self.batches = 0
         self.batch_sizes: Counter[int] = Counter()
+        self.auth_failures: Counter[str] = Counter()  # 401s by reason (missing, malformed, wrong)
         self._latency: dict[str, deque[float]] = {}
 
     def request(self, endpoint: str, n_queries: int, seconds: float) -> None:
@@ -43,6 +45,15 @@ class Metrics:
         with self._lock:
             self.batches += 1
             self.batch_sizes[size] += 1
+
+    def batch_histogram(self) -> dict[int, int]:
+        """Forwards per batch size (a copy, for the Prometheus exposition)."""
+        with self._lock:
+            return dict(self.batch_sizes)
+
+    def auth_failure(self, reason: str) -> None:
+        with self._lock:
+            self.auth_failures[reason] += 1
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -62,5 +73,6 @@ class Metrics:
                                "max": max(sizes) if sizes else 0,
                                "histogram": {str(k): v for k, v in sorted(sizes.items())}},
                 "latency": lat,
+                "auth_failures": dict(self.auth_failures),
                 "memory": process_memory(),
             }

@@ -5,17 +5,23 @@
 ``--port 0`` binds a free port; the first stdout line is always
 ``retriever_server listening on http://HOST:PORT`` so launchers can read the port. SIGTERM or
 SIGINT: stop accepting, finish in-flight requests (up to ``--drain-s``), exit 0.
+
+``--auth-token-file FILE`` (or ``$SGRPO_TOOLS_TOKEN``): every route but ``/health`` requires
+``Authorization: Bearer <token>``. A ``--host`` other machines can reach needs a token or an
+explicit ``--no-auth`` (a trusted network); without either the server refuses to start (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from dataclasses import fields
 
+from .auth import TOKEN_ENV, AuthConfigError, load_token
 from .background import LISTEN_PREFIX, RunningServer
 from .config import ServerConfig
 from .corpora import CorpusError
@@ -49,7 +55,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
                    help="padded tokens per forward: queries x the longest, estimated at 4 characters per "
                         "token (default %(default)s)")
     p.add_argument("--cache-size", type=int, default=d.cache_size, help="LRU query cache entries, 0 = off")
-    p.add_argument("--web-cache", help="sqlite file for cached web-search answers")
+    p.add_argument("--web-cache", help="sqlite file for cached web-search answers (and the budget's spend)")
+    p.add_argument("--max-queries-per-minute", type=int,
+                   help="web search: queries sent to the provider (cache misses) per rolling minute; more "
+                        "answer 429 with Retry-After (default: no limit)")
+    p.add_argument("--max-queries-per-day", type=int,
+                   help="web search: the same per rolling 24 h (default: no limit)")
+    p.add_argument("--auth-token-file",
+                   help=f"file holding the shared token (default: ${TOKEN_ENV}); every route but /health then "
+                        "requires 'Authorization: Bearer <token>'")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve a non-loopback --host without a token (a network you trust; Search-R1's "
+                        "client sends none)")
     p.add_argument("--malloc-trim-interval-s", type=float, default=d.malloc_trim_interval_s,
                    help="glibc: give the heap's free pages back to the OS at most this often, after a "
                         "forward (default %(default)s; 0 = never: RSS grows with varying batch shapes)")
@@ -61,7 +78,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
     cfg.allow_empty_queries = not a.reject_empty_queries
     cfg.batching = not a.no_batching
     cfg.http = settings_from_args(a)
+    if a.no_auth and a.auth_token_file:
+        p.error("--no-auth and --auth-token-file contradict each other: give one")
     return a, cfg
+
+
+def resolve_token(a: argparse.Namespace, cfg: ServerConfig) -> None:
+    """Put the token (``--auth-token-file``, else the environment) into ``cfg``; ``--no-auth`` wins
+    over an inherited ``$SGRPO_TOOLS_TOKEN``, with a warning."""
+    if a.no_auth:
+        if os.environ.get(TOKEN_ENV):
+            log.warning("--no-auth: ignoring $%s; the server answers without a token", TOKEN_ENV)
+        return
+    cfg.auth_token, cfg.auth_source = load_token(a.auth_token_file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        resolve_token(a, cfg)
         server = RunningServer(cfg, host=a.host, port=a.port).start()
-    except (ValueError, IndexMismatch, CorpusError, OSError) as e:
+    except (ValueError, AuthConfigError, IndexMismatch, CorpusError, OSError) as e:
         print(f"retriever_server: refusing to start: {e}", file=sys.stderr)
         return 2
     print(f"{LISTEN_PREFIX}{server.url}", flush=True)

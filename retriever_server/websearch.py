@@ -13,7 +13,9 @@ package still ships alone.
 
 ``SERPER_URL`` overrides the endpoint (tests point it at ``tests/fake_serper.py``).
 Answers are cached in sqlite (repeated rollout queries cost nothing); 429 and 5xx are retried with
-exponential backoff (``Retry-After`` honoured, capped).
+exponential backoff (``Retry-After`` honoured, capped). The queries that miss the cache are
+charged to a budget first (``retriever_server.budget``: per minute, per day), whose spend the same
+sqlite file keeps across restarts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import requests
 
+from .budget import DAY_S, Limits, QueryBudget
 from .corpora import make_contents
 
 log = logging.getLogger(__name__)
@@ -54,14 +57,27 @@ def default_cache_path() -> Path:
 
 
 class SqliteCache:
-    """(query, k) → JSON hits; one connection guarded by a lock (writes are rare and tiny)."""
+    """(query, k) → JSON hits, and when queries reached the provider (the budget's spend, so that a
+    restart does not forget it); one connection guarded by a lock (writes are rare and tiny)."""
 
     def __init__(self, path: str | Path) -> None:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         self._db.execute("CREATE TABLE IF NOT EXISTS serper (key TEXT PRIMARY KEY, value TEXT, t REAL)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS spend (t REAL, n INTEGER)")
         self._lock = threading.Lock()
+
+    def record_spend(self, n: int, t: float) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT INTO spend VALUES (?, ?)", (t, n))
+
+    def spend_since(self, t0: float) -> list[float]:
+        """One timestamp per provider query since ``t0``; older rows are dropped."""
+        with self._lock, self._db:
+            self._db.execute("DELETE FROM spend WHERE t < ?", (t0,))
+            rows = self._db.execute("SELECT t, n FROM spend").fetchall()
+        return [t for t, n in rows for _ in range(int(n))]
 
     def get(self, key: str) -> Any | None:
         with self._lock:
@@ -90,14 +106,20 @@ def organic_to_hits(payload: dict[str, Any], k: int) -> list[dict[str, Any]]:
 
 class SerperClient:
     def __init__(self, api_key: str | None, *, url: str | None = None, cache_path: str | Path | None = None,
-                 retries: int = 3, backoff_s: float = 0.5, timeout_s: float = 10.0) -> None:
+                 retries: int = 3, backoff_s: float = 0.5, timeout_s: float = 10.0,
+                 budget: Limits = Limits()) -> None:
         self.api_key = api_key
         self.url = url or DEFAULT_SERPER_URL
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.cache = SqliteCache(cache_path or default_cache_path()) if api_key else None
+        spent = self.cache.spend_since(time.time() - DAY_S) if self.cache else []
+        self.budget = QueryBudget(budget, spent=spent)
         self._session = requests.Session()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="serper")
-        self.upstream_calls = 0
+        self._lock = threading.Lock()
+        self.upstream_calls = 0  # HTTP requests sent to the provider (retries included)
+        self.provider_queries = 0  # queries that missed the cache and were charged to the budget
+        self.cache_hits = 0  # queries answered from the cache
 
     @classmethod
     def from_env(cls, cache_path: str | Path | None = None, **kw: Any) -> SerperClient:
@@ -109,20 +131,41 @@ class SerperClient:
         return bool(self.api_key)
 
     def search_many(self, queries: Sequence[str], k: int) -> list[list[dict[str, Any]]]:
+        """Hits per query: cached ones from sqlite, the rest from the provider once the budget
+        took them all (BudgetExceeded otherwise, before anything is sent)."""
         if not self.enabled:
             raise WebSearchUnavailable("web search is disabled: set SERPER_API_KEY (a serper.dev key) "
                                        "in the server's environment")
-        return list(self._pool.map(lambda q: self.search(q, k), queries))
+        assert self.cache is not None
+        keys = [json.dumps([q, k]) for q in queries]
+        found = {key: self.cache.get(key) for key in dict.fromkeys(keys)}
+        todo = [key for key, hits in found.items() if hits is None]
+        self.budget.charge(len(todo))
+        with self._lock:
+            self.cache_hits += len(keys) - sum(found[key] is None for key in keys)
+            self.provider_queries += len(todo)
+        if todo:
+            self.cache.record_spend(len(todo), time.time())
+            found.update(zip(todo, self._pool.map(lambda key: self._fetch(json.loads(key)[0], k, key), todo)))
+        return [found[key] for key in keys]
 
     def search(self, query: str, k: int) -> list[dict[str, Any]]:
-        assert self.cache is not None
-        key = json.dumps([query, k])
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
+        return self.search_many([query], k)[0]
+
+    def _fetch(self, query: str, k: int, key: str) -> list[dict[str, Any]]:
         hits = organic_to_hits(self._post(query, k), k)
+        assert self.cache is not None
         self.cache.put(key, hits)
         return hits
+
+    def stats(self) -> dict[str, Any]:
+        """What ``/metrics`` reports of the web search: queries by source, provider requests, budget."""
+        with self._lock:
+            out: dict[str, Any] = {"enabled": self.enabled, "cache_hits": self.cache_hits,
+                                   "provider_queries": self.provider_queries,
+                                   "provider_requests": self.upstream_calls}
+        out["budget"] = self.budget.usage()
+        return out
 
     def _post(self, query: str, k: int) -> dict[str, Any]:
         headers = {"X-API-KEY": str(self.api_key), "Content-Type": "application/json"}
@@ -130,7 +173,8 @@ class SerperClient:
         for attempt in range(self.retries + 1):
             delay = self.backoff_s * (2 ** attempt)
             try:
-                self.upstream_calls += 1
+                with self._lock:
+                    self.upstream_calls += 1
                 r = self._session.post(self.url, json={"q": query, "num": k}, headers=headers,
                                        timeout=self.timeout_s)
             except requests.RequestException as e:

@@ -1,8 +1,9 @@
 """Flask app factory: `/run_code`, `/health`, `/metrics` over any Backend.
 
 Every answer is JSON (Prometheus text for /metrics): a run's outcome is a 200 with SandboxFusion's
-body, whatever it was; a client mistake is a 4xx `{"error": ...}` naming the field; a full queue
-is a 429 and a draining service a 503, both with Retry-After.
+body, whatever it was; a client mistake is a 4xx `{"error": ...}` naming the field; a request
+without the token (when one is set) a 401; a full queue is a 429 and a draining service a 503,
+both with Retry-After.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
+from . import auth
 from .admission import Admission, Closed, QueueFull
 from .api import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -26,18 +28,25 @@ from .api import (
     to_response,
 )
 from .backends.base import Backend, Guarantees
-from .metrics import Metrics
+from .metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
 
 
 def create_app(backend: Backend, guarantees: Guarantees, admission: Admission,
-               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, limits: RequestLimits = RequestLimits()) -> Flask:
+               max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, limits: RequestLimits = RequestLimits(),
+               token: bytes | None = None) -> Flask:
     """Build the service around an already-probed backend (the caller owns its lifetime and the
-    admission, which it closes to drain)."""
+    admission, which it closes to drain). With `token`, every route but /health requires it."""
     app = Flask("sandbox")
-    metrics = Metrics()
+
+    def gauges() -> dict[str, float]:
+        return {"running": admission.running, "queued": admission.waiting, "rejected_total": admission.rejected,
+                "draining": float(admission.closed), "max_concurrency": admission.max_concurrency,
+                "max_queue": admission.max_queue, **backend.stats()}
+
+    metrics = Metrics(gauges, outcomes=[o.value for o in Outcome], auth_reasons=auth.REFUSALS)
     started = time.time()
     app.extensions["sandbox"] = {"backend": backend, "admission": admission, "metrics": metrics}
 
@@ -47,6 +56,12 @@ def create_app(backend: Backend, guarantees: Guarantees, admission: Admission,
 
     def error(message: str, code: int, retry: bool = False) -> Response:
         return reply({"error": message}, code, {"Retry-After": str(RETRY_AFTER_S)} if retry else None)
+
+    def refused(reason: str) -> Response:
+        metrics.auth_failure(reason)
+        return reply({"error": auth.REFUSALS[reason]}, 401, {"WWW-Authenticate": 'Bearer realm="sandbox"'})
+
+    auth.guard(app, token, refused)
 
     @app.post("/run_code")
     def run_code() -> Response:
@@ -84,9 +99,7 @@ def create_app(backend: Backend, guarantees: Guarantees, admission: Admission,
     @app.get("/metrics")
     def metrics_view() -> Response:
         metrics.observe_request(200)
-        gauges = {"running": admission.running, "queued": admission.waiting, "rejected_total": admission.rejected,
-                  "draining": float(admission.closed), **backend.stats()}
-        return Response(metrics.render(gauges), mimetype="text/plain; version=0.0.4")
+        return Response(metrics.render(), content_type=CONTENT_TYPE)
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:

@@ -7,17 +7,21 @@ fits the 10 s Docker and many orchestrators allow before SIGKILL); the runs stil
 ended and answered as a SandboxError saying so. Then it removes every sandbox and cgroup it
 created and exits 0. A second signal stops at once.
 Exit status 3: the host lacks what the backend needs (bubblewrap, cgroups, a Docker engine or
-image, a guarantee failed its probe); anything else non-zero is a fault of this service.
+image, a guarantee failed its probe); 2: a bad flag, or a `--host` other machines can reach
+without a token (`--auth-token-file FILE` or `$SGRPO_TOOLS_TOKEN`) and without `--no-auth`;
+anything else non-zero is a fault of this service.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
 
+from . import auth
 from .admission import Admission
 from .api import (
     DEFAULT_MAX_MEMORY_MB,
@@ -54,6 +58,8 @@ class ServeConfig:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     limits: RequestLimits = field(default_factory=RequestLimits)
     http: HttpLimits = field(default_factory=HttpLimits)
+    token: bytes | None = field(default=None, repr=False)  # every route but /health requires it
+    no_auth: bool = False  # a reachable --host without a token, on purpose (a trusted network)
 
 
 def parse_args(argv: list[str] | None = None) -> ServeConfig:
@@ -79,8 +85,23 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
     p.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
                    help="on SIGTERM, runs in progress get this long to finish; the rest are ended and "
                         "answered as a SandboxError (default 6, to fit a 10 s grace before SIGKILL)")
+    p.add_argument("--auth-token-file",
+                   help=f"file holding the shared token (default: ${auth.TOKEN_ENV}); every route but /health "
+                        "then requires 'Authorization: Bearer <token>'")
+    p.add_argument("--no-auth", action="store_true",
+                   help="serve a non-loopback --host without a token (a network you trust; SandboxFusion's "
+                        "client sends none)")
     add_http_flags(p)
     a = p.parse_args(argv)
+    if a.no_auth and a.auth_token_file:
+        p.error("--no-auth and --auth-token-file contradict each other: give one")
+    try:
+        token = None if a.no_auth else auth.read_token(a.auth_token_file)
+        auth.refuse_open_bind(a.host, token, a.no_auth)
+    except auth.AuthError as err:
+        p.error(str(err))
+    if a.no_auth and os.environ.get(auth.TOKEN_ENV):
+        log.warning("--no-auth: ignoring $%s; the sandbox answers without a token", auth.TOKEN_ENV)
     if a.max_concurrency < 1:
         p.error(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
     if a.max_queue < 0:
@@ -99,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
                            default_memory_mb=min(RequestLimits().default_memory_mb, a.max_memory_mb))
     return ServeConfig(a.backend, a.host, a.port, a.max_concurrency, a.max_queue, a.max_output_bytes,
                        a.allow_weaker_isolation, a.docker_image, a.mode, a.drain_timeout_s, limits,
-                       http_limits(p, a))
+                       http_limits(p, a), token, a.no_auth)
 
 
 def start_backend(cfg: ServeConfig) -> tuple[Backend, Guarantees]:
@@ -126,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ENVIRONMENT
     try:
         admission = Admission(cfg.max_concurrency, cfg.max_queue)
-        app = create_app(backend, guarantees, admission, cfg.max_output_bytes, cfg.limits)
+        app = create_app(backend, guarantees, admission, cfg.max_output_bytes, cfg.limits, cfg.token)
         server = HttpServer(app, cfg.host, cfg.port, cfg.max_concurrency + cfg.max_queue + SPARE_THREADS,
                             cfg.http, ident="sgrpo-sandbox")
     except BaseException:
@@ -143,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     print(f"{LISTENING_PREFIX}http://{cfg.host}:{server.port}", flush=True)
     log.info("backend=%s guarantees=%s", backend.name, guarantees.as_dict())
+    if cfg.token is not None:
+        log.info("every route but /health requires the bearer token (fingerprint %s)",
+                 auth.token_fingerprint(cfg.token))
     stopped = (f"the sandbox service is shutting down: the run was ended {cfg.drain_timeout_s:g} s after "
                "the stop signal (--drain-timeout-s); retry it on another replica")
     try:

@@ -287,7 +287,7 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, engine
 
     ray = cluster
     retriever = services.retriever_url
-    searches_before = requests.get(retriever.rsplit("/", 1)[0] + "/metrics", timeout=10).json()["queries"]
+    searches_before = requests.get(retriever.rsplit("/", 1)[0] + "/metrics.json", timeout=10).json()["queries"]
     trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
                                 **_trainer_kwargs(args))
     try:  # OpenRLHF's PPOTrainer built our experience maker; 3 prompts x 4 samples: one batch of 12
@@ -300,7 +300,7 @@ def test_data_path_samples_generator_to_batched_advantages(cluster, args, engine
 
     # (c) OpenRLHF's loader ran our agent file in the engine; the agent used the real retriever and sandbox
     assert len(raw) == len(QUESTIONS) * N
-    searches = requests.get(retriever.rsplit("/", 1)[0] + "/metrics", timeout=10).json()["queries"] - searches_before
+    searches = requests.get(retriever.rsplit("/", 1)[0] + "/metrics.json", timeout=10).json()["queries"] - searches_before
     tool_calls = [r["info"][K.TOOL_CALLS] for r in raw]
     assert sum(r["info"][K.SEARCH_CALLS] for r in raw) > 0 and searches >= 1
     assert sum(r["info"][K.CODE_CALLS] for r in raw) > 0  # the sandbox ran the policy's code

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import requests
+from prom_samples import value
 
 from sandbox.process import SandboxProcess, SandboxStartError
 
@@ -64,7 +65,7 @@ def test_sigterm_ends_runs_without_starting_replacements(tmp_path):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 30
-        while "sandbox_running 2" not in requests.get(f"{sb.url}/metrics", timeout=10).text.splitlines():
+        while value(requests.get(f"{sb.url}/metrics", timeout=10).text, "sandbox_running") != 2:
             assert time.monotonic() < deadline, "the two runs never started"
             time.sleep(0.05)
         sb.proc.send_signal(signal.SIGTERM)

@@ -278,7 +278,7 @@ def world(tmp_path_factory):
         w.snapshot("first")
         w.probe = json.loads(must(sh(NODE_B, f"cat {PROBE}"), "the agent probe on B"))
         w.probe_on_a = exists(NODE_A, PROBE)
-        w.metrics = {"retriever": json.loads(fetch("http://retriever:8000/metrics")),
+        w.metrics = {"retriever": json.loads(fetch("http://retriever:8000/metrics.json")),
                      "sandbox": fetch("http://sandbox:8080/metrics")}
         w.records_first = w.records() if w.first.returncode == 0 else []
         if w.first.returncode == 0:

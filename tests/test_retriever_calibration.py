@@ -87,7 +87,7 @@ def test_server_reports_calibration_and_warns_below_it(calibrated):
         assert h["nprobe"] == cal["nprobe"]
         assert h["calibration"]["recall"] == cal["recall"] and h["calibration"]["warning"] is None
         assert h["calibration"]["queries"]["stand_in"] is False
-        m = requests.get(srv.url + "/metrics", timeout=30).json()
+        m = requests.get(srv.url + "/metrics.json", timeout=30).json()
         assert m["calibration"]["nprobe"] == cal["nprobe"]
     low = max(1, cal["nprobe"] // 4)
     with ServerProcess("--index", str(out), "--nprobe", str(low)) as srv:

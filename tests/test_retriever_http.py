@@ -18,11 +18,13 @@ import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prom_samples import samples, value
 from raw_http import read_response
 
 from retriever_server.background import RunningServer, ServerProcess
 from retriever_server.config import ServerConfig
 from retriever_server.http_server import HttpSettings
+from retriever_server.prom import LATENCY_BUCKETS_S
 
 WAIT_S = 30.0  # generous bound for "answered" on a loaded 2-core machine; never a timing claim
 
@@ -180,13 +182,21 @@ def test_connection_limit_recovers_by_reaping_idle_connections():
 
 
 def test_metrics_labels_stay_bounded_under_random_paths(server):
-    before = len(requests.get(server.url + "/metrics", timeout=WAIT_S).content)
+    """1,500 distinct unknown paths: one ``<unmatched>`` label in the JSON and in Prometheus' text
+    (parsed by prometheus_client's own parser), never one per path."""
+    before_json = len(requests.get(server.url + "/metrics.json", timeout=WAIT_S).content)
+    before = set(samples(requests.get(server.url + "/metrics", timeout=WAIT_S).text))
     with requests.Session() as s:
         for i in range(1500):
             assert s.get(f"{server.url}/no/such/{os.urandom(8).hex()}", timeout=WAIT_S).status_code == 404
-    m = requests.get(server.url + "/metrics", timeout=WAIT_S)
+    m = requests.get(server.url + "/metrics.json", timeout=WAIT_S)
     assert m.json()["errors"]["<unmatched> 404"] >= 1500
-    assert len(m.content) < before + 200  # one label for every unknown path
+    assert len(m.content) < before_json + 200  # one label for every unknown path
+    text = requests.get(server.url + "/metrics", timeout=WAIT_S).text
+    new = {key for key in set(samples(text)) - before if ("route", "/metrics") not in key[1]}
+    assert new and all(("route", "<unmatched>") in labels for _, labels in new), sorted(new)[:5]
+    assert len(new) <= len(LATENCY_BUCKETS_S) + 4  # the 404 counter and one latency histogram
+    assert value(text, "retriever_http_requests_total", route="<unmatched>", code="404") >= 1500
 
 
 def test_sigterm_with_open_keepalive_connections_exits_0():

@@ -242,7 +242,7 @@ def test_serve_cli_nprobe_flag_and_health_memory(search_r1_files, tmp_path):
         h = requests.get(srv.url + "/health", timeout=30).json()
         assert h["nprobe"] == 5 and h["nlist"] == 64
         assert {"rss_anon_mb", "index_mapped_mb", "rss_file_mb"} <= set(h["memory"])
-        m = requests.get(srv.url + "/metrics", timeout=30).json()["memory"]
+        m = requests.get(srv.url + "/metrics.json", timeout=30).json()["memory"]
         assert m["index_mapped_mb"] > 0
     bad = subprocess.run([sys.executable, "-m", "retriever_server.serve", "--index", str(out), "--nprobe", "0",
                           "--port", "0"], capture_output=True, text=True, timeout=120)

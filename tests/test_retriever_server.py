@@ -139,7 +139,7 @@ def test_64_concurrent_clients_are_batched_and_match_unbatched(retriever):
 
         with ThreadPoolExecutor(64) as pool:
             got = list(pool.map(ask, queries))
-        metrics = requests.get(srv.url + "/metrics", timeout=10).json()
+        metrics = requests.get(srv.url + "/metrics.json", timeout=10).json()
     assert metrics["batch_size"]["max"] > 1
     assert metrics["batches"] < 64
     for hits, exp in zip(got, expected):
@@ -153,7 +153,7 @@ def test_cache_hits_are_counted_and_identical(retriever):
         a = requests.post(srv.url + "/retrieve", json=body, timeout=60).json()
         body["topk"] = 1  # a smaller top-k is served from the cached top-2
         b = requests.post(srv.url + "/retrieve", json=body, timeout=60).json()
-        m = requests.get(srv.url + "/metrics", timeout=10).json()
+        m = requests.get(srv.url + "/metrics.json", timeout=10).json()
     assert b["result"][0] == a["result"][0][:1]
     assert m["cache"]["hits"] == 1 and m["cache"]["misses"] == 1 and m["batches"] == 1
 
@@ -214,7 +214,7 @@ def test_fuzzed_bodies_never_5xx(server, body):
 def test_server_still_answers_after_fuzzing(server):
     r = requests.post(server.url + "/retrieve", json={"queries": ["Great Wall"], "topk": 1}, timeout=60)
     assert r.status_code == 200 and len(r.json()["result"][0]) == 1
-    m = requests.get(server.url + "/metrics", timeout=10).json()
+    m = requests.get(server.url + "/metrics.json", timeout=10).json()
     assert not any(k.endswith(" 500") for k in m["errors"])
 
 
@@ -278,7 +278,7 @@ def test_import_prebuilt_faiss_index_serves_the_same_results(wiki_index, wiki_co
 
 def _wait_for_batches(url: str, at_least: int) -> None:
     deadline = time.monotonic() + 120
-    while requests.get(url + "/metrics", timeout=30).json()["batches"] < at_least:
+    while requests.get(url + "/metrics.json", timeout=30).json()["batches"] < at_least:
         assert time.monotonic() < deadline, "the server never started searching"
         time.sleep(0.02)
 

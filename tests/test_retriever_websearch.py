@@ -106,7 +106,7 @@ def test_agent_web_backend_goes_through_the_search_proxy(fake, tmp_path, monkeyp
         cfg = config_from_dict({"search_backend": "web", "web_search_url": srv.url + "/search", "topk": 2,
                                 "batch_window_ms": 50, "retries": 0})
         france, penicillin = _agent_searches(cfg, ["capital of France", "who discovered penicillin"])
-        metrics = requests.get(srv.url + "/metrics", timeout=10).json()
+        metrics = requests.get(srv.url + "/metrics.json", timeout=10).json()
     organic = RESPONSES["capital of France"]["organic"]  # Search-R1 keeps the title line's quotes
     assert [d.title for d in france] == [f'"{o["title"]}"' for o in organic[:2]]
     assert france[0].id == organic[0]["link"] and france[0].text == organic[0]["snippet"]

@@ -18,11 +18,18 @@ import time
 
 import pytest
 import requests
+from prom_samples import value
 from raw_http import read_response
 
 from sandbox.process import SandboxProcess
 
 IDLE_S = 2.0  # the --idle-timeout-s of the short-timeout service
+
+
+def gauges(sb: SandboxProcess, *names: str) -> tuple[float | None, ...]:
+    """The service's `/metrics` values of `names`, read with prometheus_client's parser."""
+    text = requests.get(f"{sb.url}/metrics", timeout=10).text
+    return tuple(value(text, name) for name in names)
 
 
 def connect(url: str) -> socket.socket:
@@ -178,7 +185,7 @@ def sigterm_under_load(sb: SandboxProcess, body: dict, exit_within_s: float = 60
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while not {"sandbox_queued 6", "sandbox_running 2"} <= set(requests.get(f"{sb.url}/metrics", timeout=10).text.splitlines()):
+    while gauges(sb, "sandbox_queued", "sandbox_running") != (6, 2):
         assert time.monotonic() < deadline, "the load never built up"
         time.sleep(0.05)
     time.sleep(0.5)  # the two runs are in their sandboxes

@@ -39,11 +39,13 @@ _RAY_ENV_DEFAULTS = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", "RA
 # SGRPO_AGENT_CONFIG: only the name of the file the driver read (the agent reads the content, which
 # the CLI forwards as SGRPO_AGENT_CONFIG_YAML, see WorkerPayload). Never the Serper key:
 # the workers search the web through retriever_server's /search proxy, which alone holds it.
+# SGRPO_TOOLS_TOKEN: the tool services' shared token (their --auth-token-file's content), which the
+# agent's clients send; by value, since a worker node has no file of the head's.
 # vLLM's CPU build reads its KV-cache size and thread binding from the environment of its workers.
 # VLLM_RPC_BASE_PATH: where each engine binds its ZeroMQ socket files, which vLLM never removes
 # (/tmp by default: three per engine start); it must exist on every node.
-_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "HF_HOME", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
-                  "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_RPC_BASE_PATH")
+_FORWARDED_ENV = ("SGRPO_AGENT_CONFIG", "SGRPO_TOOLS_TOKEN", "HF_HOME", "VLLM_CPU_KVCACHE_SPACE",
+                  "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_RPC_BASE_PATH")
 
 
 class CliError(Exception):
