@@ -4,18 +4,26 @@
 # a `ray job submit` of the very same arguments, so the two can never diverge.
 #
 # Environment (all optional):
-#   PYTHON        interpreter with openrlhf-sgrpo installed            (python3)
+#   PYTHON        interpreter with openrlhf-sgrpo installed            (this checkout's .venv/bin/python
+#                 when it exists, as `make` creates it; else python3)
 #   RAY_ADDRESS   Ray dashboard of the head node                       (http://127.0.0.1:8265)
 #   SAVE_PATH     run folder: checkpoints, logs, rendered agent config (./runs/$RUN_NAME);
 #                 with NUM_NODES > 1 an absolute path on storage every node mounts there
 #   SHARED_FS     folder every node mounts at the same path (default with NUM_NODES > 1: SAVE_PATH)
-#   EXTRA_ARGS    extra CLI flags appended last (argparse: the last value wins)
+#   EXTRA_ARGS    extra CLI flags appended last (argparse: the last value wins); a resume of a run
+#                 that saved checkpoints: the same command with EXTRA_ARGS=--ckpt.load_enable
+#   WANDB_API_KEY set: wandb logging on (OpenRLHF logs to wandb only when --logger.wandb.key is given;
+#                 the scripts pass the placeholder `env`, and wandb reads the key itself from
+#                 WANDB_API_KEY, which reaches the workers through the job's environment, never the
+#                 command line). WANDB_PROJECT / WANDB_ENTITY are wandb's own variables.
 #   DRY_RUN=1     print the parsed config as JSON instead of submitting
+#   SKIP_HEALTH_CHECK=1  do not wait for the tool services' /health before submitting
 
 set -euo pipefail
 
 EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
+source "$EXAMPLES_DIR/lib/python.sh"
+PYTHON="$(default_python)"
 RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
 
 # The .py file OpenRLHF loads for --train.agent_func_path, found without importing it
@@ -51,7 +59,11 @@ run_cli() {
     echo "[launch] NUM_NODES=$NUM_NODES: SAVE_PATH=$SAVE_PATH is taken as storage every node mounts at that" \
          "path (SHARED_FS=DIR names another; docs/multinode.md)" >&2
   fi
-  local -a cli=(-m openrlhf_sgrpo.cli.train_ppo_ray "$@" "${shared[@]}" "${extra[@]}")
+  # OpenRLHF 0.11.2 creates its wandb logger only when --logger.wandb.key is set, and logs in with
+  # that value only when wandb has no key of its own; WANDB_API_KEY is one (it wins over the flag).
+  local -a wandb=()
+  if [ -n "${WANDB_API_KEY:-}" ]; then wandb=(--logger.wandb.key env); fi
+  local -a cli=(-m openrlhf_sgrpo.cli.train_ppo_ray "$@" "${shared[@]}" "${wandb[@]}" "${extra[@]}")
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "[dry-run] SGRPO_AGENT_CONFIG=${SGRPO_AGENT_CONFIG:-} $PYTHON ${cli[*]} --dry_run" >&2
     exec "$PYTHON" "${cli[@]}" --dry_run

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # The paper's Qwen2.5-3B setting, shared by the three launch scripts here (sourced, not run).
-# Each script sets ESTIMATOR, ALPHA, MODEL_DEFAULT, CHAT and RUN_NAME (and optionally SAPO=1 and
-# UPDATES_PER_STEP), then calls launch_paper_run.
+# Each script sets ESTIMATOR, ALPHA, MODEL_DEFAULT, CHAT, SAPO, UPDATES_PER_STEP and RUN_NAME, then
+# calls launch_paper_run. All but RUN_NAME are the script's own: it assigns them, so a variable of the
+# same name exported in your shell (an `export SAPO=1`) cannot change what a script runs.
 #
 # "200 steps" in OpenRLHF's terms: a step is one rollout of --rollout.batch_size prompts
 # followed by the policy update(s) on its samples. OpenRLHF reads --data.max_samples prompts
@@ -20,8 +21,10 @@
 #   SAVE_PATH        run folder                                  (./runs/$RUN_NAME)
 #                    with NUM_NODES > 1: absolute, on storage every node mounts at that
 #                    path (or name that folder with SHARED_FS); see docs/multinode.md
+#   RUN_NAME         names the default SAVE_PATH                 (the script's, e.g. sgrpo-qwen2.5-3b-base)
 #   EVAL_DATASET     optional test.jsonl evaluated every EVAL_STEPS (50) steps
-# plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
+# plus PYTHON, RAY_ADDRESS, SHARED_FS, EXTRA_ARGS, WANDB_API_KEY, DRY_RUN, SKIP_HEALTH_CHECK from
+# ../lib/launch.sh (the full list with defaults: docs/deploy.md, "Every variable the scripts read").
 
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
@@ -61,7 +64,7 @@ launch_paper_run() {
   # SAPO example uses 2, Search-R1's ratio (512 prompts per rollout, 256 per mini-batch). With one
   # update per rollout the policy that sampled is the one updated, every importance ratio is 1,
   # and SAPO's term is exactly 0 (docs/sapo_calibadv.md).
-  local updates="${UPDATES_PER_STEP:-1}"
+  local updates="$UPDATES_PER_STEP"
   if [ $((PROMPTS_PER_UPDATE % updates)) -ne 0 ]; then
     echo "error: UPDATES_PER_STEP=$updates does not divide $PROMPTS_PER_UPDATE prompts" >&2
     exit 2
@@ -114,7 +117,7 @@ launch_paper_run() {
     args+=(--algo.advantage.sgrpo_alpha "$ALPHA" --algo.advantage.stratify_by tool_calls)
   fi
   if [ "$CHAT" = 1 ]; then args+=(--data.apply_chat_template); fi
-  if [ "${SAPO:-0}" = 1 ]; then args+=(--algo.sapo.enable); fi
+  if [ "$SAPO" = 1 ]; then args+=(--algo.sapo.enable); fi
   if [ -n "${EVAL_DATASET:-}" ]; then
     args+=(--eval.dataset "$EVAL_DATASET" --eval.steps "${EVAL_STEPS:-50}" --eval.n_samples_per_prompt 1
            --eval.temperature 0.0)

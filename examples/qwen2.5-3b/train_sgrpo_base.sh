@@ -7,6 +7,8 @@ ESTIMATOR=stratified_grpo
 ALPHA=0.6
 MODEL_DEFAULT=Qwen/Qwen2.5-3B
 CHAT=0
+SAPO=0
+UPDATES_PER_STEP=1
 RUN_NAME="${RUN_NAME:-sgrpo-qwen2.5-3b-base}"
 source "$(dirname "${BASH_SOURCE[0]}")/paper_settings.sh"
 launch_paper_run

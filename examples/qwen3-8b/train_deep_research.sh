@@ -10,11 +10,13 @@
 #   DRY_RUN=1 ./train_deep_research.sh   # parsed config only (no Ray, no GPU, no key needed)
 # The agent renders the deep-research prompt itself (it offers <code> only with that template),
 # so OpenRLHF feeds it the raw question: --data.input_key question.
-# Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep, from prepare_qa.py qa
-# --template deep_research), WEB_SEARCH_URL (http://127.0.0.1:8000/search), SANDBOX_URL,
-# NUM_NODES (1), GPUS_PER_NODE (8), SAVE_PATH (with NUM_NODES > 1: absolute, on storage every node
-# mounts; docs/multinode.md), STEPS (200),
-# plus PYTHON, RAY_ADDRESS, EXTRA_ARGS, DRY_RUN from ../lib/launch.sh.
+# Environment: MODEL (Qwen/Qwen3-8B), DATA_DIR ($HOME/data/sgrpo-deep, made by
+#   python examples/data/prepare_qa.py qa --hub --template deep_research --out ~/data/sgrpo-deep
+# : train.jsonl with each row's raw `question`), WEB_SEARCH_URL (http://127.0.0.1:8000/search),
+# SANDBOX_URL (http://127.0.0.1:8080/run_code), NUM_NODES (1), GPUS_PER_NODE (8), RUN_NAME
+# (deep-research-qwen3-8b), SAVE_PATH (./runs/$RUN_NAME; with NUM_NODES > 1: absolute, on storage
+# every node mounts; docs/multinode.md), STEPS (200),
+# plus PYTHON, RAY_ADDRESS, SHARED_FS, EXTRA_ARGS, WANDB_API_KEY, DRY_RUN, SKIP_HEALTH_CHECK from ../lib/launch.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/launch.sh"
 
 readonly MAX_TURNS=10
