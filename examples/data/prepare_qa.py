@@ -16,6 +16,8 @@ Search-R1's chat prompt); ``none`` keeps the raw question for an agent that rend
         --train hotpotqa --train-split train_hipporag100
     # GAIA (validation metadata.jsonl from the gated gaia-benchmark/GAIA repo)
     python examples/data/prepare_qa.py gaia --metadata GAIA/2023/validation/metadata.jsonl --out OUT
+    # Search-R1's own parquet files (its data scripts' train.parquet / test.parquet)
+    python examples/data/prepare_qa.py searchr1 --parquet nq_search/train.parquet --out OUT/train.jsonl
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tqdm import tqdm
 
 from agent_env.templates import build_prompt
 from openrlhf_sgrpo.eval.gaia import load_gaia
+from openrlhf_sgrpo.eval.searchr1_data import SearchR1DataError, convert_parquet
 from openrlhf_sgrpo.local.data import DataError, Question, load_flashrag_jsonl
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
@@ -148,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     gaia.add_argument("--metadata", type=Path, required=True)
     gaia.add_argument("--out", type=Path, required=True, help="output jsonl file")
     gaia.add_argument("--template", choices=TEXT_TEMPLATES, default="deep_research")
+    sr1 = sub.add_parser("searchr1", help="Search-R1's parquet (train.parquet, test.parquet) → one prompt jsonl")
+    sr1.add_argument("--parquet", type=Path, required=True, action="append",
+                     help="a Search-R1 parquet file (repeat to merge several into one output)")
+    sr1.add_argument("--out", type=Path, required=True, help="output jsonl file")
+    sr1.add_argument("--template", choices=TEXT_TEMPLATES, default="search_r1_base")
+    sr1.add_argument("--shuffle", action="store_true",
+                     help="shuffle the rows (--seed): OpenRLHF's --data.max_samples takes the first ones")
+    sr1.add_argument("--seed", type=int, default=42)
     return p
 
 
@@ -164,9 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "qa":
             counts = prepare_qa(a)
+        elif a.command == "searchr1":
+            rows = [row for path in a.parquet for row in convert_parquet(path, a.template)]
+            if a.shuffle:
+                random.Random(a.seed).shuffle(rows)
+            counts = {str(a.out): write_jsonl(rows, a.out)}
         else:
             counts = {str(a.out): write_jsonl(gaia_rows(a.metadata, a.template), a.out)}
-    except DataError as exc:
+    except (DataError, SearchR1DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for name, n in counts.items():
