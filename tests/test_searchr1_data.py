@@ -101,3 +101,21 @@ def test_bad_files_are_named(tmp_path):
     assert proc.returncode == 2 and f"{text} is not a parquet file" in proc.stderr
     with pytest.raises(SearchR1DataError, match="does not exist"):
         convert_parquet(tmp_path / "missing.parquet")
+
+
+def test_a_flashrag_file_of_your_own(tmp_path):
+    """``prepare_qa.py flashrag``: any FlashRAG-format file (the README's "your own data"), named."""
+    mine = tmp_path / "my_questions.jsonl"
+    mine.write_text('{"id": "a1", "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}\n'
+                    '{"id": "a2", "question": "what is the capital of france", "golden_answers": ["Paris"]}\n')
+    out = tmp_path / "train.jsonl"
+    script = str(REPO / "examples" / "data" / "prepare_qa.py")
+    proc = subprocess.run([sys.executable, script, "flashrag", "--data", f"mine={mine}", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert [q.golds for q in load_qa_jsonl(out)["mine"]] == [["Shakespeare"], ["Paris"]]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "b1", "question": "no answers here"}\n')
+    proc = subprocess.run([sys.executable, script, "flashrag", "--data", str(bad), "--out", str(tmp_path / "x.jsonl")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and f"{bad}:1: missing ['golden_answers']" in proc.stderr

@@ -16,6 +16,8 @@ Search-R1's chat prompt); ``none`` keeps the raw question for an agent that rend
         --train hotpotqa --train-split train_hipporag100
     # GAIA (validation metadata.jsonl from the gated gaia-benchmark/GAIA repo)
     python examples/data/prepare_qa.py gaia --metadata GAIA/2023/validation/metadata.jsonl --out OUT
+    # a FlashRAG-format file of your own ({"id", "question", "golden_answers"} per line)
+    python examples/data/prepare_qa.py flashrag --data mine=my_questions.jsonl --out OUT/train.jsonl --shuffle
     # Search-R1's own parquet files (its data scripts' train.parquet / test.parquet)
     python examples/data/prepare_qa.py searchr1 --parquet nq_search/train.parquet --out OUT/train.jsonl
 """
@@ -130,6 +132,15 @@ def gaia_rows(metadata: Path, template: str) -> list[dict]:
     return [to_prompt_row(q, f"gaia_level{levels[q.qid]}", template) for q in questions]
 
 
+def own_rows(specs: list[str], template: str) -> list[dict]:
+    """``[NAME=]PATH`` FlashRAG files → prompt rows, datasource NAME (default: the file's stem)."""
+    rows = []
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        rows += [to_prompt_row(q, name or Path(path).stem, template) for q in load_flashrag_jsonl(path)]
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -151,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     gaia.add_argument("--metadata", type=Path, required=True)
     gaia.add_argument("--out", type=Path, required=True, help="output jsonl file")
     gaia.add_argument("--template", choices=TEXT_TEMPLATES, default="deep_research")
+    own = sub.add_parser("flashrag", help="FlashRAG-format jsonl files of your own → one prompt jsonl")
+    own.add_argument("--data", required=True, action="append", metavar="[NAME=]PATH",
+                     help="a jsonl of {id, question, golden_answers}; NAME is its datasource (default: the file's "
+                          "stem); repeat to merge several")
+    own.add_argument("--out", type=Path, required=True, help="output jsonl file")
+    own.add_argument("--template", choices=TEXT_TEMPLATES, default="search_r1_base")
+    own.add_argument("--shuffle", action="store_true",
+                     help="shuffle the rows (--seed): OpenRLHF's --data.max_samples takes the first ones")
+    own.add_argument("--seed", type=int, default=42)
     sr1 = sub.add_parser("searchr1", help="Search-R1's parquet (train.parquet, test.parquet) → one prompt jsonl")
     sr1.add_argument("--parquet", type=Path, required=True, action="append",
                      help="a Search-R1 parquet file (repeat to merge several into one output)")
@@ -175,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "qa":
             counts = prepare_qa(a)
-        elif a.command == "searchr1":
-            rows = [row for path in a.parquet for row in convert_parquet(path, a.template)]
+        elif a.command in ("searchr1", "flashrag"):
+            rows = ([row for path in a.parquet for row in convert_parquet(path, a.template)]
+                    if a.command == "searchr1" else own_rows(a.data, a.template))
             if a.shuffle:
                 random.Random(a.seed).shuffle(rows)
             counts = {str(a.out): write_jsonl(rows, a.out)}
