@@ -125,6 +125,40 @@ def test_fuzzed_request_schemas_never_5xx_but_503_without_index(server, body):
         assert isinstance(r.json()["error"], str)
 
 
+TOKEN = b"0123456789abcdef" * 4  # what --auth-token-file would hold
+right = st.just(b"Bearer " + TOKEN)
+wrong = st.sampled_from([b"", b"Bearer", b"Bearer " + TOKEN[:-1], b"Bearer " + TOKEN + b"0", b"bearer  " + TOKEN[::-1],
+                         b"Basic " + TOKEN, b"Bearer " + b"a" * 9000, "Bearer jeton-été".encode(), b"Bearer \xff\xfe"])
+auth_lines = st.lists(right | wrong | st.binary(max_size=200).filter(lambda b: b"\r" not in b and b"\n" not in b),
+                      max_size=3)
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    """The same server with a token (issue #58): every route but /health requires it."""
+    cfg = ServerConfig(auth_token=TOKEN, http=HttpSettings(threads=4, max_body_bytes=4096, idle_timeout_s=1.0))
+    with RunningServer(cfg) as srv:
+        yield srv
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=auth_lines, body=hostile_bodies(), path=st.sampled_from(["/retrieve", "/search", "/metrics", "/x"]))
+def test_fuzzed_authorization_headers_and_bodies_never_5xx(guarded, lines, body, path):
+    """Any Authorization lines (none, wrong, very long, non-ASCII bytes, repeated) with any body:
+    exactly one right line gets past the token (then the body's own 400/413/503), anything else is
+    401, or waitress' own 4xx for a header it cannot parse; never a 5xx or a hang."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+    head += b"".join(b"Authorization: " + v + b"\r\n" for v in lines)
+    status, headers, answer = exchange(guarded.port, head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert headers["content-type"] == "application/json" and isinstance(json.loads(answer)["error"], str)
+    if len(body) > 4096:
+        assert status == 413  # waitress refuses the size before any route is reached
+    elif lines == [b"Bearer " + TOKEN]:
+        assert status in {"/metrics": (405,), "/x": (404,)}.get(path, (400, 503)), (status, answer[:200])
+    else:
+        assert status in (400, 401, 431), (lines, status, answer[:200])
+
+
 def test_expect_100_continue(server):
     # without a body: answered at once (waitress 3.0.2 alone sends 100 Continue and then waits forever)
     status, _, body = exchange(server.port, b"POST /retrieve HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"

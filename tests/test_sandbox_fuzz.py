@@ -3,16 +3,22 @@ a 200 that SandboxFusion's client parses or a 4xx JSON error, never a 5xx, a cra
 
 Two levels: the validator alone (many examples: only RequestError may escape it), and the real
 service over HTTP (fewer examples: each valid body runs code, so the service caps run_timeout).
+The service runs with a token (`--auth-token-file`, issue #58): the body fuzz sends it, and the
+`Authorization` header itself is fuzzed over a raw socket (empty, wrong, very long, non-ASCII
+bytes, repeated): a 401 (or waitress' 400/431 for what it cannot parse), never a 5xx or a hang.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import socket
 
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from raw_http import read_response
 
 from sandbox.api import RequestError, RunRequest, parse_run_request
 from sandbox.process import SandboxProcess
@@ -58,9 +64,14 @@ def test_the_validator_only_ever_raises_request_error(body):
         assert path.startswith(("/work/", "/tmp/")) and len(path.encode()) <= 4095
 
 
+TOKEN = secrets.token_hex(32)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.fixture(scope="module")
 def service():
-    with SandboxProcess(backend="local", max_concurrency=2, extra_args=["--max-run-timeout-s", "2"]) as sb:
+    with SandboxProcess(backend="local", max_concurrency=2, extra_args=["--max-run-timeout-s", "2"],
+                        env={"SGRPO_TOOLS_TOKEN": TOKEN}) as sb:
         yield sb
 
 
@@ -68,7 +79,7 @@ def service():
                                                                  HealthCheck.too_slow])
 @given(bodies)
 def test_the_service_answers_every_body_with_200_or_a_json_4xx(service, body):
-    resp = requests.post(f"{service.url}/run_code", data=json.dumps(body), timeout=60)
+    resp = requests.post(f"{service.url}/run_code", data=json.dumps(body), headers=AUTH, timeout=60)
     assert resp.status_code in (200, 400), resp.text[:500]
     if resp.status_code == 400:
         assert set(resp.json()) == {"error"}
@@ -86,7 +97,8 @@ def test_every_numeric_field_takes_any_json_number_without_a_5xx(service, field,
     """A JSON integer too big for a float (json.loads keeps it an int) made the memory check raise
     OverflowError: a 500. Every numeric field now gets the documented clamp (or, for a non-integral
     memory_limit_MB, a 400), and a memory or time too large is cut to the operator's ceiling."""
-    resp = requests.post(f"{service.url}/run_code", data=json.dumps({"code": "print(1)", field: value}), timeout=60)
+    resp = requests.post(f"{service.url}/run_code", data=json.dumps({"code": "print(1)", field: value}),
+                         headers=AUTH, timeout=60)
     assert resp.status_code == 200, resp.text[:500]
     body = sandbox_fusion.RunCodeResponse(**resp.json())
     if field == "run_timeout" and value < 0:  # <= 0 times out at once, as SandboxFusion's wait_for does
@@ -98,5 +110,31 @@ def test_every_numeric_field_takes_any_json_number_without_a_5xx(service, field,
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_arbitrary_bytes_are_a_json_400(service, raw):
-    resp = requests.post(f"{service.url}/run_code", data=raw, timeout=60)
+    resp = requests.post(f"{service.url}/run_code", data=raw, headers=AUTH, timeout=60)
     assert resp.status_code in (200, 400) and resp.headers["Content-Type"] == "application/json"
+
+
+# ------------------------------------------------------------------ the Authorization header
+
+token_like = st.sampled_from(["", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), TOKEN[::-1], "a" * 9000, "é" * 10])
+header_values = (st.binary(max_size=300).filter(lambda b: b"\r" not in b and b"\n" not in b)
+                 | st.builds(lambda scheme, t: f"{scheme} {t}".encode("utf-8"),
+                             st.sampled_from(["Bearer", "bearer", "Basic", "Token", ""]), token_like)
+                 | st.text(max_size=100).map(lambda t: t.encode("utf-8", "surrogatepass")
+                                             .replace(b"\r", b"").replace(b"\n", b"")))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(st.lists(header_values, min_size=0, max_size=3), st.sampled_from(["/run_code", "/metrics", "/x"]))
+def test_fuzzed_authorization_headers_are_refused_never_5xx_or_a_hang(service, values, path):
+    """Any number of Authorization lines with any bytes: the request never runs code. A value
+    waitress cannot parse (a control byte) is its 400; everything else is our 401."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+    head += b"".join(b"Authorization: " + v + b"\r\n" for v in values)
+    body = b'{"code": "print(1)"}'
+    with socket.create_connection(("127.0.0.1", int(service.url.rsplit(":", 1)[1])), timeout=60) as s:
+        s.sendall(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        status, headers, answer = read_response(s)
+    assert status in (400, 401, 431), (values, status, answer[:200])
+    assert headers["content-type"].startswith("application/json") and "error" in json.loads(answer)
