@@ -1,5 +1,8 @@
 """/search against a fake Serper on loopback replaying Serper-shaped answers: the proxy's shape,
-sqlite cache, retries, no key; and the agent's `web` backend end to end (agent → /search → Serper)."""
+sqlite cache, retries, no key; the agent's `web` backend end to end (agent → /search → Serper);
+and the bill's guard (issue #58): queries that reach the provider are capped per minute and per
+day, 429 with Retry-After past it, spend in /metrics (the agent's episode past the budget is in
+tests/test_tools_auth.py, which loads the tokenizer for its episodes anyway)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ from pathlib import Path
 import pytest
 import requests
 from fake_serper import FakeSerper
+from prom_samples import value
 
 from agent_env.config import ConfigError, config_from_dict
 from agent_env.tools import get_toolset
 from retriever_server.background import RunningServer
+from retriever_server.budget import BudgetExceeded, Limits, QueryBudget
 from retriever_server.config import ServerConfig
 from retriever_server.websearch import SerperClient
 
@@ -121,3 +126,87 @@ def test_agent_config_refuses_serper_url_and_the_removed_cache_key():
         config_from_dict({"search_backend": "web", "web_search_url": "https://google.serper.dev/search"})
     with pytest.raises(ConfigError, match="'web_cache_path' was removed: the /search proxy caches"):
         config_from_dict({"web_cache_path": "~/.cache/x.sqlite"})
+
+
+# ------------------------------------------------------------------- the budget (issue #58)
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_budget_rolls_per_minute_and_per_day_and_a_refusal_spends_nothing():
+    clock = Clock()
+    budget = QueryBudget(Limits(per_minute=3, per_day=5), clock=clock)
+    budget.charge(2)
+    clock.t += 20
+    budget.charge(1)
+    with pytest.raises(BudgetExceeded) as err:
+        budget.charge(1)
+    assert err.value.window == "minute" and 40 <= err.value.retry_after_s <= 41  # the first 2 age out at +60 s
+    assert "--max-queries-per-minute 3" in str(err.value)
+    clock.t += 41
+    budget.charge(2)  # the minute rolled; the day now holds 5
+    clock.t += 3600
+    with pytest.raises(BudgetExceeded) as err:
+        budget.charge(1)
+    # the first two age out 24 h after they were sent (3,661 s ago), to within the day's 60 s buckets
+    assert err.value.window == "day" and 24 * 3600 - 3661 - 60 <= err.value.retry_after_s <= 24 * 3600 - 3661
+    with pytest.raises(BudgetExceeded, match="more than --max-queries-per-minute 3 allows at once"):
+        budget.charge(4)
+    assert budget.usage() == {"minute": {"used": 0, "limit": 3, "rejected": 2},
+                              "day": {"used": 5, "limit": 5, "rejected": 1}}
+    clock.t += 24 * 3600
+    budget.charge(3)  # a day later everything has aged out
+    with pytest.raises(ValueError, match="--max-queries-per-day must be >= 1"):
+        QueryBudget(Limits(per_day=0))
+
+
+def _families(srv) -> str:
+    return requests.get(srv.url + "/metrics", timeout=10).text
+
+
+def test_search_stops_at_its_budget_with_429_and_retry_after_counting_only_provider_queries(fake, tmp_path):
+    web = client(fake, tmp_path, budget=Limits(per_minute=3))
+    with RunningServer(ServerConfig(), web=web) as srv:
+        first = {"queries": ["capital of France", "who discovered penicillin"], "topk": 2}
+        assert requests.post(srv.url + "/search", json=first, timeout=30).status_code == 200
+        for _ in range(3):  # cache hits: free, however many
+            assert requests.post(srv.url + "/search", json=first, timeout=30).status_code == 200
+        over = requests.post(srv.url + "/search", json={"queries": ["tallest mountain on earth", "down"]}, timeout=30)
+        one = requests.post(srv.url + "/search", json={"queries": ["tallest mountain on earth"]}, timeout=30)
+        text = _families(srv)
+        stats = requests.get(srv.url + "/metrics.json", timeout=10).json()["web_search"]
+    assert over.status_code == 429 and "web-search budget spent" in over.json()["error"]
+    assert 1 <= int(over.headers["Retry-After"]) <= 60
+    assert one.status_code == 200  # the third query still fits; the refused request spent nothing
+    assert len(fake.calls) == 3
+    assert value(text, "retriever_websearch_queries_total", source="provider") == 3
+    assert value(text, "retriever_websearch_queries_total", source="cache") == 6
+    assert value(text, "retriever_websearch_budget_used_queries", window="minute") == 3
+    assert value(text, "retriever_websearch_budget_limit_queries", window="minute") == 3
+    assert value(text, "retriever_websearch_budget_limit_queries", window="day") is None  # no day limit
+    assert value(text, "retriever_websearch_budget_rejected_total", window="minute") == 1
+    assert value(text, "retriever_http_requests_total", route="/search", code="429") == 1
+    assert stats["budget"]["minute"] == {"used": 3, "limit": 3, "rejected": 1}
+
+
+def test_the_day_budget_survives_a_restart(fake, tmp_path):
+    """The spend is kept in the web cache's sqlite file: a restarted proxy does not hand out a
+    fresh day (docker compose restarts a crashed one)."""
+    with RunningServer(ServerConfig(), web=client(fake, tmp_path, budget=Limits(per_day=2))) as srv:
+        assert requests.post(srv.url + "/search", json={"queries": ["a", "b"]}, timeout=30).status_code == 200
+    with RunningServer(ServerConfig(), web=client(fake, tmp_path, budget=Limits(per_day=2))) as srv:
+        again = requests.post(srv.url + "/search", json={"queries": ["c"]}, timeout=30)
+        cached = requests.post(srv.url + "/search", json={"queries": ["a"]}, timeout=30)
+    assert again.status_code == 429 and "--max-queries-per-day 2" in again.json()["error"]
+    assert int(again.headers["Retry-After"]) > 23 * 3600
+    assert cached.status_code == 200 and len(fake.calls) == 2
+
+
+def test_budget_flags_are_checked_at_start():
+    with pytest.raises(ValueError, match="--max-queries-per-minute must be >= 1, got 0"):
+        RunningServer(ServerConfig(max_queries_per_minute=0)).start()

@@ -372,3 +372,29 @@ def test_the_token_may_come_from_the_environment(tmp_path):
         assert requests.get(srv.url + "/metrics", timeout=WAIT_S).status_code == 401
         assert requests.get(srv.url + "/metrics", headers={"Authorization": f"Bearer {token}"},
                             timeout=WAIT_S).status_code == 200
+
+
+def test_the_agent_treats_the_web_search_budgets_429_as_a_tool_error_and_the_run_goes_on(serper, tok, tmp_path,
+                                                                                       monkeypatch):
+    """A web-search agent past ``--max-queries-per-minute``: its search is a counted tool error
+    whose observation says why, sent once (a Retry-After of many seconds is not waited for), and
+    the episode still answers."""
+    from retriever_server.background import RunningServer
+    from retriever_server.budget import Limits
+    from retriever_server.config import ServerConfig
+    from retriever_server.websearch import SerperClient
+
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
+    calls_before = len(serper.calls)
+    web = SerperClient("test-key", url=serper.url, cache_path=tmp_path / "serper.sqlite", budget=Limits(per_minute=1))
+    with RunningServer(ServerConfig(), web=web) as srv:
+        cfg = config_from_dict({"search_backend": "web", "web_search_url": srv.url + "/search", "topk": 1})
+        script = ["<search>capital of France</search>", "<search>who discovered penicillin</search>",
+                  "<answer>Paris</answer>"]
+        (res,) = _episodes(cfg, tok, [script], '["Paris"]')
+        text = requests.get(srv.url + "/metrics", timeout=WAIT_S).text
+    meta, obs = res["extra_logs"], tok.decode(res["observation_tokens"])
+    assert (meta[K.SEARCH_CALLS], meta[K.SEARCH_ERRORS], meta[K.ANSWERED], meta[K.EM]) == (2, 1, 1, 1.0)
+    assert "HTTP 429" in obs and "web-search budget spent" in obs and "not retried" in obs
+    assert len(serper.calls) - calls_before == 1  # the refused search never reached the provider, nor was retried
+    assert value(text, "retriever_http_requests_total", route="/search", code="429") == 1
