@@ -29,6 +29,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .auth import REASONS
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HTTP_CODES = frozenset({200, 400, 401, 404, 405, 408, 413, 429, 431, 500, 502, 503})
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -62,6 +64,8 @@ class PromMetrics:
         for route in QUERY_ROUTES:  # the series exist from the first scrape
             self.queries.labels(route)
             self.latency.labels(route)
+        for reason in REASONS:
+            self.auth_failures.labels(reason)
         ProcessCollector(registry=self.registry)
 
     def answered(self, route: str, status: int, seconds: float) -> None:

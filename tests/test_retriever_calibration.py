@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import requests
+from prom_samples import value
 
 faiss = pytest.importorskip("faiss")
 
@@ -89,12 +90,20 @@ def test_server_reports_calibration_and_warns_below_it(calibrated):
         assert h["calibration"]["queries"]["stand_in"] is False
         m = requests.get(srv.url + "/metrics.json", timeout=30).json()
         assert m["calibration"]["nprobe"] == cal["nprobe"]
+        prom = requests.get(srv.url + "/metrics", timeout=30).text  # Prometheus' gauges (issue #58)
+        assert value(prom, "retriever_index_nprobe") == value(prom, "retriever_calibrated_nprobe") == cal["nprobe"]
+        assert value(prom, "retriever_calibrated_recall") == cal["recall"]
+        assert value(prom, "retriever_calibration_target_recall") == 0.95
+        assert value(prom, "retriever_index_passages") == meta["count"]
     low = max(1, cal["nprobe"] // 4)
     with ServerProcess("--index", str(out), "--nprobe", str(low)) as srv:
         h = requests.get(srv.url + "/health", timeout=30).json()
         warn = h["calibration"]["warning"]
         assert h["nprobe"] == low and f"--nprobe {low} is below the calibrated nprobe {cal['nprobe']}" in warn
         assert h["calibration"]["recall_at_serving_nprobe"] < 0.95
+        prom = requests.get(srv.url + "/metrics", timeout=30).text  # what a dashboard would alert on
+        assert value(prom, "retriever_index_nprobe") == low
+        assert value(prom, "retriever_calibrated_recall") == h["calibration"]["recall_at_serving_nprobe"]
         srv.proc.send_signal(15)
         srv.proc.wait(60)
         assert "is below the calibrated nprobe" in srv.stderr_text()
