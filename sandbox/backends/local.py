@@ -13,6 +13,17 @@ share). So a run pays one interpreter start, not bwrap's setup, a cgroup and a s
 
 `mode="cold"` starts a fresh sandbox for every run and drops it after: fresh namespaces per run,
 at the old cost (the benchmark's baseline for what the warm pool buys).
+
+**Without root** (a laptop, a cluster login node) the same sandboxes start unprivileged: bwrap makes
+the user namespace itself, the service's own uid is already not root (no setpriv, which would need
+CAP_SETGID), and the cgroup pool is used where the service may write one (a delegated cgroup).
+Without one, the pids limit comes from RLIMIT_NPROC set *inside* the sandbox's user namespace
+(`prlimit` as pid 1, before the runner): since Linux 5.14 that limit counts only the processes of
+that namespace, so each sandbox gets its own 64; the start-up probe checks it by forking past it.
+The runner, pid 1 of the sandbox's pid namespace, kills every process it has at a run's deadline,
+so kill-all holds without a cgroup (probed with a `setsid` escapee, as the Docker backend is). No
+unprivileged mechanism bounds a whole sandbox's memory, so `memory_limit` is reported missing with
+the reason, and the service refuses to start unless `--allow-weaker-isolation`.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..api import DEFAULT_MEMORY_MB, WORKDIR
+from ..api import DEFAULT_MEMORY_MB, WORKDIR, Outcome, RunRequest
 from ..cgroups import CgroupPool, Slot, create_pool
 from ..probe import run_probe
 from ..reaper import OrphanReaper
@@ -46,10 +57,28 @@ SETTLE_S = 0.5  # how long a killed sandbox's orphaned runner may take to exit a
 NOFILE = 256
 FSIZE_BYTES = 64 << 20
 PYTHON = "/usr/bin/python3"
+PRLIMIT = "/usr/bin/prlimit"  # util-linux; sets RLIMIT_NPROC inside the namespace when there is no cgroup
 ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf")
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORKDIR, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+# Fork sleeping children until the kernel refuses; print how many it allowed.
+PIDS_PROBE = """
+import os, sys, time
+n, want = 0, int(sys.stdin.read())
+for _ in range(want):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    n += 1
+print(n)
+"""
+# A child that leaves the run's session and outlives its deadline.
+SETSID_PROBE = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
 
 
 @dataclass
@@ -95,7 +124,10 @@ class LocalBackend(ResidentPool):
         self.pool_size = pool_size
         self.memory_mb = DEFAULT_MEMORY_MB
         self.bwrap = shutil.which("bwrap")
-        self.setpriv = shutil.which("setpriv")
+        # As root the launcher drops to uid 65534 for good; without root it already runs as a user
+        # that is not root and could not drop (setgroups needs CAP_SETGID): bwrap maps it to 65534.
+        self.privileged = os.geteuid() == 0
+        self.setpriv = shutil.which("setpriv") if self.privileged else None
         self.pool: CgroupPool | None = None
         self._pool_error = ""
         try:
@@ -132,8 +164,17 @@ class LocalBackend(ResidentPool):
             args += ["--size", str(SCRATCH_BYTES), "--tmpfs", scratch]
         return [*args, "--remount-ro", "/dev", "--chdir", WORKDIR, "--remount-ro", "/", *command]
 
+    def _runner_command(self, python: str) -> list[str]:
+        """pid 1: the runner; without a cgroup pool, behind `prlimit --nproc`, which sets the pids
+        limit after bwrap made the user namespace (set before it, the limit would count every process
+        of the host user, the service and its caller included)."""
+        command = super()._runner_command(python)
+        if self.pool is None and os.path.exists(PRLIMIT):
+            return [PRLIMIT, f"--nproc={PIDS_MAX}:{PIDS_MAX}", *command]
+        return command
+
     def _launch_prefix(self, slot: Slot | None) -> list[str]:
-        """The root step before bwrap: join the cgroup, set rlimits, drop to uid 65534 for good."""
+        """The step before bwrap: join the cgroup, set rlimits, and as root drop to uid 65534 for good."""
         steps = [f"echo $$ > {shlex.quote(f)}" for f in (slot.attach_files if slot else [])]
         steps += [f"ulimit -f {FSIZE_BYTES // 512}", f"ulimit -n {NOFILE}", "ulimit -c 0"]
         drop = (f"{self.setpriv} --reuid={SANDBOX_UID} --regid={SANDBOX_UID} --clear-groups "
@@ -222,8 +263,31 @@ class LocalBackend(ResidentPool):
             for name in ("no_network", "readonly_root", "private_workdir", "non_root_user", "rlimits"):
                 g.set(name, False, "bubblewrap (bwrap) not found on PATH")
             return g
-        run_probe(self, g, uid_is_host_non_root=self.setpriv is not None)
+        run_probe(self, g, uid_is_host_non_root=not self.privileged or self.setpriv is not None)
+        if self.pool is None:
+            self._probe_without_cgroup(g, pool_reason)
         return g
+
+    def _probe_without_cgroup(self, g: Guarantees, pool_reason: str) -> None:
+        """What holds without a cgroup, run for real: the namespace's own pids limit (fork past it)
+        and the kill of every process at the deadline (a `setsid` escapee must not survive)."""
+        if not os.path.exists(PRLIMIT):
+            g.set("pids_limit", False, f"{pool_reason}; and no {PRLIMIT} to set RLIMIT_NPROC in the namespace")
+        else:
+            forked = self.run(RunRequest(code=PIDS_PROBE, stdin=str(PIDS_MAX + 16).encode(), run_timeout=30), 1 << 12)
+            try:
+                n = int(forked.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                n = -1
+            g.set("pids_limit", 0 < n < PIDS_MAX,
+                  f"{pool_reason}; RLIMIT_NPROC in the sandbox's user namespace did not stop a fork bomb "
+                  f"({n} of {PIDS_MAX + 16} forks succeeded; the kernel may count the host user's processes)")
+        killed = self.run(RunRequest(code=SETSID_PROBE, run_timeout=1), 1024)
+        g.set("kill_all_on_timeout", killed.outcome is Outcome.TIMEOUT,
+              f"{pool_reason}; the timeout probe ended {killed.outcome.value}")
+        if not g.held["memory_limit"]:
+            g.set("memory_limit", False, f"{pool_reason}; without a cgroup nothing bounds a whole sandbox's "
+                  "memory (not root: give the service a delegated cgroup, or run it as root)")
 
     def stats(self) -> dict[str, float]:
         return {"cgroup_slots": float(len(self.pool.slots)) if self.pool else 0.0,
