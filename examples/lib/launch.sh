@@ -18,6 +18,8 @@
 #                 command line). WANDB_PROJECT / WANDB_ENTITY are wandb's own variables.
 #   DRY_RUN=1     print the parsed config as JSON instead of submitting
 #   SKIP_HEALTH_CHECK=1  do not wait for the tool services' /health before submitting
+#   SGRPO_TOOLS_TOKEN  the tool services' shared token; with WANDB_API_KEY and HF_HOME it reaches the
+#                 job by its runtime environment (the machine that submits may not be the head)
 
 set -euo pipefail
 
@@ -70,7 +72,7 @@ run_cli() {
   fi
   local env_json
   env_json="$("$PYTHON" -c 'import json, os, sys
-keys = ["SGRPO_AGENT_CONFIG", "HF_HOME", "WANDB_API_KEY"]  # no SERPER_API_KEY: the /search proxy holds it
+keys = ["SGRPO_AGENT_CONFIG", "HF_HOME", "WANDB_API_KEY", "SGRPO_TOOLS_TOKEN"]  # no SERPER_API_KEY: the /search proxy holds it
 env = {k: os.environ[k] for k in keys if os.environ.get(k)}
 if env.get("SGRPO_AGENT_CONFIG"):  # the text, read here: the head may not have this file
     env["SGRPO_AGENT_CONFIG_YAML"] = open(env["SGRPO_AGENT_CONFIG"]).read()
