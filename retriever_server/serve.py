@@ -56,11 +56,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
                         "token (default %(default)s)")
     p.add_argument("--cache-size", type=int, default=d.cache_size, help="LRU query cache entries, 0 = off")
     p.add_argument("--web-cache", help="sqlite file for cached web-search answers (and the budget's spend)")
-    p.add_argument("--max-queries-per-minute", type=int,
+    p.add_argument("--max-queries-per-minute", type=int, default=0,
                    help="web search: queries sent to the provider (cache misses) per rolling minute; more "
-                        "answer 429 with Retry-After (default: no limit)")
-    p.add_argument("--max-queries-per-day", type=int,
-                   help="web search: the same per rolling 24 h (default: no limit)")
+                        "answer 429 with Retry-After (default 0: no limit)")
+    p.add_argument("--max-queries-per-day", type=int, default=0,
+                   help="web search: the same per rolling 24 h (default 0: no limit)")
     p.add_argument("--auth-token-file",
                    help=f"file holding the shared token (default: ${TOKEN_ENV}); every route but /health then "
                         "requires 'Authorization: Bearer <token>'")
@@ -80,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Serve
     cfg.http = settings_from_args(a)
     if a.no_auth and a.auth_token_file:
         p.error("--no-auth and --auth-token-file contradict each other: give one")
+    for flag in ("max_queries_per_minute", "max_queries_per_day"):
+        if getattr(a, flag) < 0:
+            p.error(f"--{flag.replace('_', '-')} must be >= 0 (0: no limit), got {getattr(a, flag)}")
+        setattr(cfg, flag, getattr(a, flag) or None)
     return a, cfg
 
 

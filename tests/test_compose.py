@@ -112,6 +112,75 @@ def test_services_listen_on_the_port_they_publish():
         assert f"127.0.0.1:{port}/health" in " ".join(svc["healthcheck"]["test"])
 
 
+TOKEN_TARGET = "/run/secrets/sgrpo_tools_token"
+TOKEN_SERVICES = ("retriever", "sandbox", "sandbox-local")
+
+
+def command_of(svc: dict) -> str:
+    return svc["command"] if isinstance(svc["command"], str) else " ".join(svc["command"])
+
+
+def token_mount(svc: dict) -> tuple[str, bool]:
+    """(host source, read-only) of the volume mounted where --auth-token-file points."""
+    for v in svc["volumes"]:
+        src, target, mode = (v.split(":") + ["rw"])[:3] if isinstance(v, str) else \
+            (v["source"], v["target"], "ro" if v.get("read_only") else "rw")
+        if target == TOKEN_TARGET:
+            return src, mode == "ro"
+    raise AssertionError(f"no volume at {TOKEN_TARGET}: {svc['volumes']}")
+
+
+def test_every_service_requires_the_one_token_file_by_default(config):
+    """Issue #58: both bind every interface, so both get --auth-token-file on one read-only mount;
+    unset, TOOLS_TOKEN_FILE mounts an empty file, which both services refuse to start with."""
+    for name in TOKEN_SERVICES:
+        svc = config["services"][name]
+        assert f"--auth-token-file {TOKEN_TARGET}" in command_of(svc), name
+        assert token_mount(svc) == ("/dev/null", True), name
+
+
+def test_the_token_file_and_the_trusted_network_switch_come_from_the_environment(tmp_path):
+    token = tmp_path / "tools.token"
+    proc = compose_config(REPO / "docker-compose.yml", TOOLS_TOKEN_FILE=str(token), MAX_QUERIES_PER_DAY="5000")
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for name in TOKEN_SERVICES:
+        assert token_mount(services[name]) == (str(token), True), name
+    assert "--max-queries-per-day 5000" in command_of(services["retriever"])
+    proc = compose_config(REPO / "docker-compose.yml", TOOLS_AUTH="--no-auth")
+    assert proc.returncode == 0, proc.stderr
+    for name, svc in yaml.safe_load(proc.stdout)["services"].items():
+        if name in TOKEN_SERVICES:
+            assert "--no-auth" in command_of(svc) and "--auth-token-file" not in command_of(svc), name
+
+
+def test_the_rendered_commands_parse_with_the_services_own_parsers(config, tmp_path):
+    """The flags compose writes are ones the two CLIs take (a budget of 0 is "no limit"), the token
+    file read from where the mount puts it (here a file of the same content)."""
+    import shlex
+
+    from retriever_server import serve as retriever_serve
+    from sandbox import serve as sandbox_serve
+
+    token = tmp_path / "tools.token"
+    token.write_text("0123456789abcdef" * 4 + "\n")
+
+    def argv(svc: dict) -> list[str]:
+        words = shlex.split(command_of(svc).replace(TOKEN_TARGET, str(token)))
+        if words[:2] == ["sh", "-c"]:  # the retriever's: the inner command, its $RETRIEVER_ARGS empty
+            words = shlex.split(words[2].replace("$${RETRIEVER_ARGS:-}", "").replace("${RETRIEVER_ARGS:-}", ""))
+        words = words[1:] if words[0] == "exec" else words
+        assert words[:2] == ["python3", "-m"] and words[2] in ("retriever_server.serve", "sandbox.serve"), words
+        return words[3:]
+
+    a, cfg = retriever_serve.parse_args(argv(config["services"]["retriever"]))
+    retriever_serve.resolve_token(a, cfg)
+    assert cfg.auth_token == token.read_text().strip().encode() and cfg.max_queries_per_minute is None
+    for name in ("sandbox", "sandbox-local"):
+        scfg = sandbox_serve.parse_args(argv(config["services"][name]))
+        assert scfg.token == token.read_text().strip().encode() and scfg.host == "0.0.0.0", name
+
+
 # ---------------------------------------------------------------- the stack, up for real
 # The corpus: these answer articles among real distractors; each question is about its article.
 STACK_QUESTIONS = {
@@ -120,6 +189,8 @@ STACK_QUESTIONS = {
     "How do plants turn light into chemical energy?": "Photosynthesis",
 }
 DISTRACTOR_STRIDE = 400  # every 400th of the 10,033 extracts: 26 real distractor articles
+STACK_TOKEN = "c0ffee" * 8  # what TOOLS_TOKEN_FILE holds for the stack
+STACK_AUTH = {"Authorization": f"Bearer {STACK_TOKEN}"}
 
 
 def free_port() -> int:
@@ -216,9 +287,14 @@ def stack(request, tmp_path_factory) -> Stack:
     compose = compose_command()
     images = {"TOOLS_IMAGE": tools_image(), "SANDBOX_IMAGE": sandbox_image()}
     small_index = request.getfixturevalue("small_index")  # after the skips: its build takes a while
+    secrets_dir = tmp_path_factory.mktemp("secrets")  # 0700: only its owner enters it on the host ...
+    token_file = secrets_dir / "tools.token"
+    token_file.write_text(STACK_TOKEN + "\n")
+    token_file.chmod(0o644)  # ... while nobody (uid 65534) reads the mounted file in the container
     settings = {**images, "INDEX_DIR": str(small_index), "RETRIEVER_PORT": str(free_port()),
                 "SANDBOX_PORT": str(free_port()), "LISTEN_HOST": "127.0.0.1", "DOCKER_SOCKET": engine_socket(),
-                "RETRIEVER_ARGS": "--model /index/minilm", "HF_HUB_OFFLINE": "1", "SANDBOX_CONCURRENCY": "2"}
+                "RETRIEVER_ARGS": "--model /index/minilm", "HF_HUB_OFFLINE": "1", "SANDBOX_CONCURRENCY": "2",
+                "TOOLS_TOKEN_FILE": str(token_file)}
     env = {k: v for k, v in docker_env().items() if not k.startswith(("RETRIEVER_", "SANDBOX_", "INDEX_DIR"))}
     env.update(settings)
     rendered = on_host_network(settings, tmp_path_factory.mktemp("compose") / "docker-compose.yml")
@@ -256,9 +332,11 @@ def test_stack_healthchecks_turn_healthy(stack):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_retrieve_through_the_stack_finds_each_article(stack):
-    """The body Search-R1's `_batch_search` posts; each question's own article ranks first."""
+    """The body Search-R1's `_batch_search` posts, with the token compose mounted; each question's
+    own article ranks first. Without the token: 401."""
     body = {"queries": list(STACK_QUESTIONS), "topk": 3, "return_scores": True}
-    resp = requests.post(stack.retriever + "/retrieve", json=body, timeout=120)
+    assert requests.post(stack.retriever + "/retrieve", json=body, timeout=120).status_code == 401
+    resp = requests.post(stack.retriever + "/retrieve", json=body, headers=STACK_AUTH, timeout=120)
     assert resp.status_code == 200, resp.text
     result = resp.json()["result"]
     top = [hits[0]["document"]["contents"].split("\n")[0].strip('"') for hits in result]
@@ -268,12 +346,16 @@ def test_retrieve_through_the_stack_finds_each_article(stack):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_run_code_through_the_stack_runs_in_a_sandbox_container(stack):
-    """SandboxFusion's own client against the compose sandbox: the code runs in a container the
-    service started through the mounted socket, as nobody, with no network."""
+    """SandboxFusion's request and answer against the compose sandbox, with the token (its own
+    client sends no header: that takes --no-auth): the code runs in a container the service
+    started through the mounted socket, as nobody, with no network. Without the token: 401."""
     sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (a test dependency)")
     code = ("import os, socket\nprint('hello from compose', os.getuid())\n"
             "print(sorted(n for _, n in socket.if_nameindex()))")
-    resp = sandbox_fusion.run_code(sandbox_fusion.RunCodeRequest(code=code, language="python"),
-                                   endpoint=stack.sandbox, max_attempts=1)
+    body = sandbox_fusion.RunCodeRequest(code=code, language="python").dict()  # what its client posts
+    assert requests.post(stack.sandbox + "/run_code", json=body, timeout=120).status_code == 401
+    r = requests.post(stack.sandbox + "/run_code", json=body, headers=STACK_AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    resp = sandbox_fusion.RunCodeResponse(**r.json())
     assert resp.status == "Success", resp
     assert resp.run_result.stdout == "hello from compose 65534\n['lo']\n"
