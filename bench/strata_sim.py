@@ -175,7 +175,9 @@ def plot(results: dict[str, dict], path: Path, smooth: int = 10) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(results), 2, figsize=(10, 3.2 * len(results)), squeeze=False)
+    # 880 px wide at dpi 100 (the width a README renders), text at 11 pt: legible there unscaled
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 11, "legend.fontsize": 10})
+    fig, axes = plt.subplots(len(results), 2, figsize=(8.8, 2.9 * len(results) + 0.5), squeeze=False)
     kernel = torch.ones(1, 1, smooth) / smooth
     for row, (env, res) in enumerate(results.items()):
         for col, key in enumerate(("reward", "multi")):
@@ -186,10 +188,12 @@ def plot(results: dict[str, dict], path: Path, smooth: int = 10) -> None:
                 ax.plot(smoothed.numpy(), label=name)
             ax.set_title(f"{env} laws: {'reward' if key == 'reward' else 'share of 2-search rollouts'}")
             ax.set_xlabel("step")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()  # one legend above the panels, not inside one
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), frameon=False, handlelength=1.5,
+               columnspacing=1.2)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=60)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
