@@ -201,8 +201,12 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def small_index(tmp_path_factory) -> Path:
-    """A MiniLM index of ~30 Wikipedia extracts built with the real CLI, the model folder inside it
-    (the container sees only INDEX_DIR). World-readable: the retriever runs as nobody."""
+    """A MiniLM index of ~30 Wikipedia extracts, made the way the quick start makes wiki-18's: a
+    Search-R1-style file pair (the corpus and an IndexFlatIP whose row i is line i, here built with
+    the real build CLI) imported by ``PREBUILT=1 examples/data/prepare_wiki.sh`` into
+    ``$OUT/e5-index``. The container sees only INDEX_DIR, so the flat file must be in the folder
+    itself (a hard link; a symlink to ``$OUT/e5_Flat.index`` would dangle there). The model folder
+    is inside it too. World-readable: the retriever runs as nobody."""
     from openrlhf_sgrpo.assets import AssetMissing, minilm_dir
     from retriever_server.corpora import wiki_extracts_path, wiki_extracts_to_jsonl
 
@@ -215,18 +219,28 @@ def small_index(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("stack-corpus")
     (src / "subset.json").write_text(json.dumps({k: data[k] for k in keys}))
     wiki_extracts_to_jsonl(src / "subset.json", src / "corpus.jsonl")
-    index = Path(tempfile.mkdtemp(prefix="sgrpo-stack-index-"))
+    out = Path(tempfile.mkdtemp(prefix="sgrpo-stack-index-"))
+    index = out / "e5-index"
     try:
-        shutil.copytree(model, index / "minilm")
         build = [sys.executable, "-m", "retriever_server.build_index", "--corpus", str(src / "corpus.jsonl"),
-                 "--model", str(index / "minilm"), "--out", str(index), "--batch-size", "32"]
+                 "--model", str(model), "--out", str(src / "built"), "--batch-size", "32"]
         proc = subprocess.run(build, capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        shutil.copyfile(src / "built" / "index.faiss", out / "e5_Flat.index")  # the pair as Search-R1 ships it
+        shutil.copyfile(src / "corpus.jsonl", out / "wiki-18.jsonl")
+        env = {"PATH": os.environ["PATH"], "HOME": str(out), "PYTHON": sys.executable, "PREBUILT": "1",
+               "OUT": str(out), "CORPUS": str(out / "wiki-18.jsonl"), "MODEL": str(model), "INDEX_TYPE": "flat"}
+        proc = subprocess.run(["bash", str(REPO / "examples" / "data" / "prepare_wiki.sh")], env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        placed = index / "index.faiss"
+        assert not placed.is_symlink() and placed.stat().st_nlink == 2, "the flat file must be hard-linked in"
+        shutil.copytree(model, index / "minilm")
         for path in [index, *index.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         yield index
     finally:
-        shutil.rmtree(index, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @dataclass
