@@ -20,6 +20,9 @@
 #   SKIP_HEALTH_CHECK=1  do not wait for the tool services' /health before submitting
 #   SGRPO_TOOLS_TOKEN  the tool services' shared token; with WANDB_API_KEY and HF_HOME it reaches the
 #                 job by its runtime environment (the machine that submits may not be the head)
+#   TOOLS_TOKEN_FILE  the file holding that token (the one docker compose mounts): read here when
+#                 SGRPO_TOOLS_TOKEN is unset, so the job and the eval driver carry its content, never
+#                 the path (a worker node has no file of this machine's)
 
 set -euo pipefail
 
@@ -27,6 +30,11 @@ EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$EXAMPLES_DIR/lib/python.sh"
 PYTHON="$(default_python)"
 RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+if [ -z "${SGRPO_TOOLS_TOKEN:-}" ] && [ -n "${TOOLS_TOKEN_FILE:-}" ]; then
+  [ -r "$TOOLS_TOKEN_FILE" ] || { echo "error: TOOLS_TOKEN_FILE=$TOOLS_TOKEN_FILE cannot be read" >&2; exit 2; }
+  SGRPO_TOOLS_TOKEN="$(tr -d '[:space:]' < "$TOOLS_TOKEN_FILE")"
+  export SGRPO_TOOLS_TOKEN
+fi
 
 # The .py file OpenRLHF loads for --train.agent_func_path, found without importing it
 # (importing would pull torch + OpenRLHF just to print a path).
@@ -76,6 +84,9 @@ keys = ["SGRPO_AGENT_CONFIG", "HF_HOME", "WANDB_API_KEY", "SGRPO_TOOLS_TOKEN"]  
 env = {k: os.environ[k] for k in keys if os.environ.get(k)}
 if env.get("SGRPO_AGENT_CONFIG"):  # the text, read here: the head may not have this file
     env["SGRPO_AGENT_CONFIG_YAML"] = open(env["SGRPO_AGENT_CONFIG"]).read()
+# The CLI, the driver of the job, hands the workers these variables again in its own ray.init;
+# Ray refuses a job and a driver runtime env that set the same variable unless told to combine them.
+env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
 print(json.dumps({"env_vars": env}))')"
   echo "[launch] ray job submit --address=$RAY_ADDRESS -- python ${cli[*]}" >&2
   exec ray job submit --address="$RAY_ADDRESS" --runtime-env-json="$env_json" -- python "${cli[@]}"
