@@ -71,6 +71,19 @@ def _needs_warmup(args, arms) -> bool:
 
 
 WARM_WEIGHTS = "warmup_policy.pt"
+STRATA_CHECK_SEED = 999_983  # added to the run's seed: draws of their own, apart from every step's
+
+
+def strata_after_warmup(args, rollout, heldout) -> dict:
+    """Each search count's share and EM on the held-out two-hop questions, sampled from the policy
+    RL starts from (demo/strata_check.py): the trap regime's premise, measured."""
+    from openrlhf_sgrpo.demo import strata_check
+    from openrlhf_sgrpo.demo.synth_task import hop_of_qid
+
+    two_hop = [q for q in heldout if hop_of_qid(q.qid) == 2]
+    check = strata_check.measure(rollout, two_hop, args.strata_check, args.seed * 1_000_003 + STRATA_CHECK_SEED)
+    print(strata_check.describe(check))
+    return check
 
 
 def _train_arm(args, arm, model, tok, rollouts, engine, data, stages, logger) -> tuple[dict, list[dict]]:
@@ -206,6 +219,9 @@ def run(args: argparse.Namespace) -> dict:
                 if data.task is not None:
                     checks["closed_book_warmup"] = closed_book(model, tok, list(data.task.heldout), prompt_fn)
                     print(f"closed-book after the warm-up: held-out EM {checks['closed_book_warmup']['em']:.3f}")
+                if data.task is not None and args.strata_check:
+                    checks["strata_warmup"] = strata_after_warmup(args, rollout, data.heldout)
+                    logger.log(0, checks["strata_warmup"], phase="strata_check")
             else:
                 print("skipped" if args.warmup_steps == 0 else "skipped: resuming from weights that include it")
                 # a resumed run shows the recorded column (its weights now include RL steps)

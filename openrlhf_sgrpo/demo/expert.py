@@ -1,6 +1,7 @@
 """The warm-up's demonstrations: expert trajectories of training questions, run for real.
 
-Each training question's expert turns (:func:`~openrlhf_sgrpo.demo.synth_task.expert_turns`) go
+Each training question's expert turns (:func:`~openrlhf_sgrpo.demo.synth_task.expert_turns`; in the
+trap regime the imperfect expert's, :func:`~openrlhf_sgrpo.demo.trap_task.expert_script`) go
 through the agent, the retriever and the tokenizer exactly as a rollout does
 (:class:`~openrlhf_sgrpo.local.warmup.ExpertEngine` in the engine's place), so the warm-up fits
 the token sequences RL will sample, observations included. Kept: demonstrations that end with
@@ -11,11 +12,14 @@ anyway (another corpus, a changed generator) is dropped and counted, never train
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent_env import info_keys as K
-from openrlhf_sgrpo.demo.synth_task import TaskQuestion, expert_turns
+from agent_env.rewards import exact_match
+from openrlhf_sgrpo.demo.synth_task import TaskQuestion
+from openrlhf_sgrpo.demo.trap_task import expert_script
 from openrlhf_sgrpo.local.experience import Sample
 
 
@@ -23,13 +27,15 @@ from openrlhf_sgrpo.local.experience import Sample
 class Demonstrations:
     samples: list[Sample]
     run: int  # demonstrations run
-    wrong: int  # dropped: the expert's answer did not score (a hop's passage was not retrieved)
+    wrong: int  # dropped: the EM was not the script's (a passage it reads was not retrieved)
     leaked: int  # dropped: a held-out entity showed up in the text
 
     def describe(self) -> str:
         hops = sum(s.info.get(K.SEARCH_CALLS, 0) == 2 for s in self.samples)
-        return (f"{len(self.samples)} expert trajectories ({hops} with two searches) from {self.run} run; "
-                f"dropped {self.wrong} whose answer did not score, {self.leaked} naming a held-out entity")
+        paid = sum(s.info.get(K.EM, 0.0) >= 1.0 for s in self.samples)
+        return (f"{len(self.samples)} expert trajectories ({hops} with two searches, {paid} answered right) from "
+                f"{self.run} run; dropped {self.wrong} whose EM was not the script's, {self.leaked} naming a "
+                "held-out entity")
 
 
 def run_demonstrations(make_rollout: Callable, tokenizer, questions: list[TaskQuestion],
@@ -40,7 +46,8 @@ def run_demonstrations(make_rollout: Callable, tokenizer, questions: list[TaskQu
     from openrlhf_sgrpo.demo.task_checks import mentions
     from openrlhf_sgrpo.local.warmup import ExpertEngine
 
-    scripts = {prompt_fn(q.question): expert_turns(q) for q in questions}
+    planned = {prompt_fn(q.question): expert_script(q) for q in questions}
+    scripts = {prompt: turns for prompt, (turns, _) in planned.items()}
     if len(scripts) != len(questions):
         raise ValueError("two training questions render the same prompt; their scripts would collide")
     rollout = make_rollout(ExpertEngine(tokenizer, scripts))
@@ -50,11 +57,15 @@ def run_demonstrations(make_rollout: Callable, tokenizer, questions: list[TaskQu
     finally:
         rollout.close()
     kept, wrong, leaked = [], 0, 0
-    for sample in result.samples:
-        if sample.info.get(K.EM, 0.0) < 1.0:
+    for q, sample in zip(questions, result.samples):
+        answer = planned[prompt_fn(q.question)][1]
+        text = tokenizer.decode(sample.sequences.tolist(), skip_special_tokens=False)
+        read = " ".join(re.findall(r"<information>(.*?)</information>", text, re.S))
+        # the script's answer was shown to it (the retriever returned the passage it reads), and
+        # it scored what the script meant (EM 1 for the gold, 0 for the trap's wrong answers)
+        if not mentions(read, answer) or sample.info.get(K.EM, 0.0) != exact_match(answer, [q.answer]):
             wrong += 1
             continue
-        text = tokenizer.decode(sample.sequences.tolist(), skip_special_tokens=False)
         if any(mentions(text, n) for n in forbidden):
             leaked += 1
             continue

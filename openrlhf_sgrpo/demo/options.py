@@ -44,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=None, help="FlashRAG jsonl instead of the generated task (needs --corpus or --index)")
     p.add_argument("--corpus", default=None, help="corpus jsonl for --data (indexed with MiniLM, cached)")
     p.add_argument("--index", default=None, help="an existing retriever index folder")
+    p.add_argument("--task", choices=("search", "trap"), default="search",
+                   help="the generated task's regime: search (default: a two-hop question needs two searches) or "
+                        "trap (one search answers half of the two-hop questions through a shortcut, two searches "
+                        "all of them, and the warm-up's second query is often the wrong town: demo/trap_task.py)")
+    p.add_argument("--strata-check", type=int, default=None,
+                   help="after the warm-up, sample this many trajectories per held-out two-hop question and report "
+                        "each search count's share and EM (demo/strata_check.py; default 8 with --task trap, else 0)")
     p.add_argument("--train-pairs", type=int, default=None,
                    help="person-town pairs of the generated world's training side (default 200; smoke 8)")
     p.add_argument("--task-seed", type=int, default=0, help="seed of the generated world (names, split)")
@@ -68,6 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="recompute layer activations in backward: a fraction of the update's memory for "
                         "about one more forward pass (--actor.gradient_checkpointing)")
+    p.add_argument("--shared-prefix", action="store_true",
+                   help="run each prompt once per micro-batch of its own samples (the same log-probs and gradient "
+                        "to float rounding, ~40%% fewer tokens through the update on the generated task; needs "
+                        "--no-gradient-checkpointing and a --micro-batch-size dividing --n-samples: "
+                        "local/shared_prefix.py)")
+    p.add_argument("--skip-zero-advantage", action="store_true",
+                   help="no forward/backward for samples whose advantage is 0 on every token (a group whose rewards "
+                        "are all equal): exactly the same update with one optimizer step per rollout, no KL and no "
+                        "SAPO (else nothing is skipped); the step logs how many it skipped")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--estimator", default="stratified_grpo",
                    choices=("grpo", "stratified_grpo", "stratified_reinforce", "stratified_rloo"))
@@ -95,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.steps = (2 if smoke else 8) if args.steps is None else args.steps
     args.train_pairs = (8 if smoke else 200) if args.train_pairs is None else args.train_pairs
     args.warmup_steps = (6 if smoke else 12) if args.warmup_steps is None else args.warmup_steps
+    if args.strata_check is None:
+        args.strata_check = 8 if args.task == "trap" else 0
+    if args.strata_check < 0:
+        p.error(f"--strata-check must be >= 0, got {args.strata_check}")
     if args.kv_cache_gb is None:
         args.kv_cache_gb = 0.5 if args.device == "cpu" else 4.0
     if smoke:
@@ -115,6 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.n_samples < 2:
         p.error(f"--n-samples must be >= 2 (a group baseline needs 2), got {args.n_samples}")
+    if args.data and args.task != "search":
+        p.error(f"--task {args.task} is a regime of the generated task; --data trains on its own questions")
     if args.data and not (args.corpus or args.index):
         p.error("--data needs the corpus its answers live in: --corpus JSONL or --index DIR")
     if args.resume and not args.out:
@@ -168,7 +190,8 @@ def train_config(args: argparse.Namespace, estimator: str | None = None, alpha: 
     return TrainConfig(
         steps=args.steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
         micro_batch_size=args.micro_batch_size, train_batch_size=args.train_batch_size, max_epochs=args.max_epochs,
-        gradient_checkpointing=args.gradient_checkpointing, lr=args.lr, seed=args.seed,
+        gradient_checkpointing=args.gradient_checkpointing, shared_prefix=args.shared_prefix,
+        skip_zero_advantage=args.skip_zero_advantage, lr=args.lr, seed=args.seed,
         record_groups=args.record_groups,
         adv=AdvantageConfig(estimator=estimator or args.estimator, alpha=args.alpha if alpha is None else alpha,
                             stratify_by=stratify_by or args.stratify_by, calibadv=CalibAdvConfig() if args.calibadv else None),

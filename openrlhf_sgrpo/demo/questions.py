@@ -40,7 +40,7 @@ def load_demo_data(args) -> DemoData:
             raise ValueError(f"--data has {len(qs)} questions, not more than --heldout {args.heldout}")
         print(f"{args.data}: {len(qs)} questions; train {len(qs) - args.heldout}, held-out {args.heldout}")
         return DemoData(qs[args.heldout:], qs[: args.heldout], args.corpus, args.index, None, None)
-    task = build_task(args.train_pairs, args.heldout, seed=args.task_seed)
+    task = build_task(args.train_pairs, args.heldout, seed=args.task_seed, regime=args.task)
     corpus = write_corpus(task, cache_dir() / "demo")
     train_corpus = write_corpus(task, cache_dir() / "demo", train_only=True)
     one = sum(q.n_hops == 1 for q in task.heldout)
@@ -52,5 +52,11 @@ def load_demo_data(args) -> DemoData:
     print(f"e.g. {q.question} -> search {q.hops[0].query!r}, then {q.hops[1].query!r} -> {q.answer}")
     print(f"training searches the {len(task.train_passages())} passages of the train pairs; evaluation all "
           f"{len(task.passages)}")
-    return DemoData([q.as_question() for q in task.train], [q.as_question() for q in task.heldout], corpus,
+    rl = list(task.train)
+    if task.regime == "trap":
+        from openrlhf_sgrpo.demo.trap_task import describe_trap, rl_questions
+
+        rl = rl_questions(rl)
+        print(describe_trap(task, len(rl)))
+    return DemoData([q.as_question() for q in rl], [q.as_question() for q in task.heldout], corpus,
                     args.index, train_corpus, task)

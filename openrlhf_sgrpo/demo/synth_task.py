@@ -54,6 +54,10 @@ JOBS = ("glassblower", "ferryman", "beekeeper", "cartographer", "weaver", "clock
         "stonemason", "bookbinder", "shipwright", "herbalist", "locksmith", "tanner", "chandler", "falconer")
 
 PERSON_TEXT = "{person} is a {job} who was born in the town of {town}."
+# The trap regime's person passage (demo/trap_task.py): a second town (a wrong bridge) and two
+# shortcut facts that answer the two-hop kinds in one search, right for half of the people.
+TRAP_PERSON_TEXT = ("{person} is a {job} who was born in the town of {town} and works in {works_in}. "
+                    "{person}'s aunt {aunt} is a mayor, and {person} grew up by the {grew_up_by} river.")
 TOWN_TEXT = "{town} is a town on the {river} river. The mayor of {town} is {mayor}."
 
 # (kind, question template, hops): hops name the lookups in order; the last one's fact is the answer.
@@ -77,10 +81,22 @@ class Pair:
     town: str
     river: str
     mayor: str
+    # the trap regime's facts (demo/trap_task.py); empty in the search-necessary world
+    works_in: str = ""  # another town of the same side: the wrong bridge a poor second query takes
+    aunt: str = ""  # a mayor: of ``town`` for half of the people (the shortcut pays), else of another town
+    grew_up_by: str = ""  # a river: ``town``'s for half of the people, else another town's
+
+    @property
+    def trap(self) -> bool:
+        return bool(self.works_in)
 
     def passage(self, entity: str) -> tuple[str, str]:
         """(title, text) of this pair's ``person`` or ``town`` passage."""
         if entity == "person":
+            if self.trap:
+                return self.person, TRAP_PERSON_TEXT.format(person=self.person, job=self.job, town=self.town,
+                                                            works_in=self.works_in, aunt=self.aunt,
+                                                            grew_up_by=self.grew_up_by)
             return self.person, PERSON_TEXT.format(person=self.person, job=self.job, town=self.town)
         return self.town, TOWN_TEXT.format(town=self.town, river=self.river, mayor=self.mayor)
 
@@ -112,6 +128,10 @@ class TaskQuestion:
     answer: str
     kind: str
     hops: tuple[Hop, ...]
+    # the trap regime's two-hop questions (demo/trap_task.py): the one-search answer the person's
+    # passage offers (right for half of the people) and the wrong bridge's hop
+    shortcut: Hop | None = None
+    decoy: Hop | None = None
 
     @property
     def n_hops(self) -> int:
@@ -131,6 +151,7 @@ class SynthTask:
     heldout: tuple[TaskQuestion, ...]
     train_pairs: tuple[Pair, ...]
     heldout_pairs: tuple[Pair, ...]
+    regime: str = "search"  # REGIMES
 
     def hops_by_id(self) -> dict[str, int]:
         return {q.qid: q.n_hops for q in (*self.train, *self.heldout)}
@@ -224,33 +245,51 @@ def entity_names(pairs: tuple[Pair, ...]) -> list[str]:
     return [name for p in pairs for name in (p.person, p.town, p.river, p.mayor)]
 
 
-def build_task(n_train_pairs: int = 200, n_heldout: int = 48, seed: int = 0) -> SynthTask:
+REGIMES = ("search", "trap")  # search-necessary (this module) and the trap (demo/trap_task.py)
+
+
+def build_task(n_train_pairs: int = 200, n_heldout: int = 48, seed: int = 0, regime: str = "search") -> SynthTask:
     """The world, its corpus and its questions.
 
     Train: two questions per pair, one single-hop and one two-hop (kinds in rotation), so half of
     the demonstrations and of the RL prompts need a second search. Held-out: ``n_heldout`` questions, half single-hop and half
     two-hop (the odd one single-hop), each about its own pair, so no two held-out questions share
-    an entity or an answer and none shares one with training.
+    an entity or an answer and none shares one with training. ``regime="trap"`` gives every
+    person the trap's facts and every two-hop question its shortcut and wrong bridge
+    (:mod:`.trap_task`), drawn after the split, each side from its own pairs; the names, the split
+    and the questions' wording are the default world's.
     """
+    if regime not in REGIMES:
+        raise ValueError(f"unknown task regime {regime!r}; choose one of {', '.join(REGIMES)}")
     if n_train_pairs < 1 or n_heldout < 2:
         raise ValueError(f"need n_train_pairs >= 1 and n_heldout >= 2, got {n_train_pairs}, {n_heldout}")
     pairs = make_pairs(n_train_pairs + n_heldout, seed)
     rng = random.Random(f"sgrpo-synth-split-{seed}")
     rng.shuffle(pairs)
     held_pairs, train_pairs = pairs[:n_heldout], pairs[n_heldout:]
+    trap_hops = lambda q, p: q  # noqa: E731 - the default world's questions have no trap hops
+    if regime == "trap":
+        from openrlhf_sgrpo.demo.trap_task import attach_trap_hops, with_trap_facts
+
+        trap_rng = random.Random(f"sgrpo-synth-trap-{seed}")
+        held_pairs, train_pairs = with_trap_facts(held_pairs, trap_rng), with_trap_facts(train_pairs, trap_rng)
+        by_town = {p.town: p for p in (*held_pairs, *train_pairs)}
+        trap_hops = lambda q, p: attach_trap_hops(q, p, by_town)  # noqa: E731
+        pairs = held_pairs + train_pairs
     train = []
     for i, p in enumerate(train_pairs):  # one question of each hop count per pair, kinds in rotation
         for kinds in (ONE_HOP, TWO_HOP):
             kind = kinds[i % len(kinds)]
-            train.append(question_for(p, kind, f"train{i:04d}-{kind}"))
+            train.append(trap_hops(question_for(p, kind, f"train{i:04d}-{kind}"), p))
     rng.shuffle(train)
     n_two = n_heldout // 2
     heldout = []
     for i, p in enumerate(held_pairs):
         kinds = TWO_HOP if i < n_two else ONE_HOP
-        heldout.append(question_for(p, kinds[i % len(kinds)], f"held{i:03d}"))
+        heldout.append(trap_hops(question_for(p, kinds[i % len(kinds)], f"held{i:03d}"), p))
     passages = [p.passage(e) for p in sorted(pairs, key=lambda p: p.person) for e in ("person", "town")]
-    return SynthTask(seed, tuple(passages), tuple(train), tuple(heldout), tuple(train_pairs), tuple(held_pairs))
+    return SynthTask(seed, tuple(passages), tuple(train), tuple(heldout), tuple(train_pairs), tuple(held_pairs),
+                     regime)
 
 
 def write_corpus(task: SynthTask, out_dir: Path, train_only: bool = False) -> Path:
