@@ -1,6 +1,14 @@
 """GRPO vs Stratified GRPO (alpha 0.8) vs random strata (alpha 0.8) on the demo's search task, seeds side by side.
 
-On a lent H200 (docs/study.md: why 3 processes, their memory and time):
+On a CPU (docs/study.md: one seed of 3 arms x 20 steps of 32 trajectories, the arms in one process):
+
+    nice -n 10 python examples/study/sgrpo_vs_grpo.py --out runs/study-cpu --seeds 0 --cpu trap \
+        --seeds-out docs/study/seeds
+
+``--cpu REGIME`` (``trap`` or ``search``) passes the CPU study's demo flags (``demo/study.py``:
+``cpu_study_flags``); flags after ``--`` come after them (the last one of a flag wins).
+
+On a GPU (docs/study.md: why 3 processes, their memory and time):
 
     python examples/study/sgrpo_vs_grpo.py --out runs/study --seeds 0 1 2 --split-arms --gpu-memory-share 0.08 -- \
         --device cuda --steps 20 --prompts-per-step 8 --n-samples 8 --warmup-steps 16 \
@@ -69,6 +77,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--seeds-out", default=None, help="where the seed folders go (default OUT/seeds)")
     p.add_argument("--resume", action="store_true", help="continue the seeds' runs in --out")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run of the whole study (tests)")
+    p.add_argument("--cpu", choices=("trap", "search"), default=None, metavar="REGIME",
+                   help="the CPU study on this task regime (trap or search): its demo flags (demo/study.py's "
+                        "cpu_study_flags) before the ones after --")
     args = p.parse_args(own)
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds repeats a seed: {args.seeds}")
@@ -80,6 +91,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parse_arms(args.arms)
     except ValueError as err:
         p.error(str(err))
+    if args.cpu:
+        from openrlhf_sgrpo.demo.study import cpu_study_flags
+
+        if args.gpu_memory_share is not None:
+            p.error("--cpu runs on the CPU; --gpu-memory-share is for a GPU's parallel engines")
+        demo_args = [*cpu_study_flags(args.cpu), *demo_args]
     if args.smoke:
         demo_args = ["--smoke", *demo_args]
     for own_flag in ("--seed", "--out", "--arms", "--resume", "--compare"):

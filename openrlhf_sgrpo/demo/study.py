@@ -18,6 +18,21 @@ from pathlib import Path
 # GRPO, Stratified GRPO, and its control: the same estimator over random strata of the same sizes
 DEFAULT_ARMS = "grpo,sgrpo:0.8,random:0.8"
 
+# The CPU study (``sgrpo_vs_grpo.py --cpu REGIME``): a seed of 3 arms x 20 steps of 32 trajectories
+# (4 prompts x 8 samples, the paper's group size), EM reward (the paper's), search only.
+CPU_STUDY_STEP = ("--steps", "20", "--prompts-per-step", "4", "--n-samples", "8", "--reward", "em", "--no-sandbox")
+# ... and its update: every item computes the update it replaces (tests/test_update_shortcuts.py),
+# measured by bench/study_step_cost.py. No gradient checkpointing (SmolLM2's activations for 4 rows
+# of ~500 tokens fit), a prompt group's prompt run once, no pass over zero-advantage samples, and
+# the warm-up 4 rows at a time.
+CPU_STUDY_UPDATE = ("--no-gradient-checkpointing", "--shared-prefix", "--skip-zero-advantage",
+                    "--micro-batch-size", "4", "--warmup-micro-batch", "4")
+
+
+def cpu_study_flags(regime: str) -> list[str]:
+    """The demo flags of a CPU study seed on ``regime`` (the demo's ``--task``)."""
+    return [*CPU_STUDY_STEP, *CPU_STUDY_UPDATE, "--task", regime]
+
 
 def write_session(out: Path, argv: list[str], session: str, environment: dict | None, seeds: list[int],
                   failed: dict[str, int], seed_folders: list[Path]) -> Path:

@@ -51,6 +51,7 @@ from openrlhf_sgrpo.local.experience_maker import AdvantageConfig, Experience, m
 from openrlhf_sgrpo.local.loss import LossConfig, PolicyObjective, action_log_probs
 from openrlhf_sgrpo.local.rollout import AgentRollout
 from openrlhf_sgrpo.local.run_files import forget_steps_after
+from openrlhf_sgrpo.local.shared_prefix import action_log_probs_shared
 from openrlhf_sgrpo.local.step_log import StepLogger
 from openrlhf_sgrpo.local.timing import Stopwatch
 from openrlhf_sgrpo.rollout_records.sources import records_from_samples
@@ -74,6 +75,8 @@ class TrainConfig:
     train_batch_size: int | None = None  # samples per optimizer step (--train.batch_size); None: the rollout
     max_epochs: int = 1  # passes over each rollout (--train.max_epochs)
     gradient_checkpointing: bool = False  # recompute layer activations in backward (--actor.gradient_checkpointing)
+    shared_prefix: bool = False  # micro-batches of one prompt's samples, its prompt run once (local/shared_prefix.py)
+    skip_zero_advantage: bool = False  # no forward/backward for samples whose gradient is exactly 0 (skips_exactly)
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -100,6 +103,12 @@ class TrainConfig:
                              f"{rollout}), got {self.train_batch_size!r}")
         if mini % self.micro_batch_size:
             raise ValueError(f"micro_batch_size ({self.micro_batch_size}) must divide the train batch size ({mini})")
+        if self.shared_prefix and self.n_samples % self.micro_batch_size:
+            raise ValueError(f"shared_prefix runs a prompt once per micro-batch of its own samples: micro_batch_size "
+                             f"({self.micro_batch_size}) must divide n_samples ({self.n_samples})")
+        if self.shared_prefix and self.gradient_checkpointing:
+            raise ValueError("shared_prefix needs the prompt's keys and values kept for the backward; gradient "
+                             "checkpointing recomputes them without a cache: turn one of them off")
 
     @property
     def rollout_batch_size(self) -> int:
@@ -113,6 +122,16 @@ class TrainConfig:
     @property
     def optimizer_steps_per_rollout(self) -> int:
         return self.max_epochs * self.rollout_batch_size // self.mini_batch_size
+
+    @property
+    def skips_exactly(self) -> bool:
+        """Whether ``skip_zero_advantage`` leaves the update exactly as it was: with one optimizer
+        step per rollout (the ratio to the old policy is 1), no KL and no SAPO term, a sample whose
+        token advantages are all 0 adds exactly 0 to the PPO loss and its gradient; its tokens still
+        count in the step's normalizer (``iter_grad_accum_global_norm`` sees every micro-batch), so
+        the summed gradient of the others is the whole gradient. Otherwise nothing is skipped."""
+        return (self.skip_zero_advantage and self.single_update and self.loss.kl_coef == 0
+                and self.loss.sapo is None)
 
     @property
     def single_update(self) -> bool:
@@ -370,9 +389,16 @@ class LocalTrainer:
         try:
             for _ in range(cfg.max_epochs):
                 # one optimizer step over the whole rollout: micro-batches of similar lengths pad
-                # less (the sum of their gradients does not depend on how samples are grouped)
-                order = (sorted(range(n), key=lambda i: exp.samples[i].total_length) if cfg.single_update
-                         else self._group_order(n, generator))
+                # less (the sum of their gradients does not depend on how samples are grouped);
+                # with shared_prefix a micro-batch holds one prompt's samples (their lengths sorted)
+                if cfg.single_update and cfg.shared_prefix:
+                    group = cfg.n_samples
+                    order = [i for lo in range(0, n, group)
+                             for i in sorted(range(lo, lo + group), key=lambda i: exp.samples[i].total_length)]
+                elif cfg.single_update:
+                    order = sorted(range(n), key=lambda i: exp.samples[i].total_length)
+                else:
+                    order = self._group_order(n, generator)
                 items = [self._micro_batch(exp, order[lo: lo + micro]) for lo in range(0, n, micro)]
                 window: list[tuple[MicroBatch, dict]] = []
                 for item, info in iter_grad_accum_global_norm(items, None, gas, lambda it: it.batch.action_mask):
@@ -391,7 +417,11 @@ class LocalTrainer:
         tokens = float(mask.sum())
         if tokens == 0 or float(info["batch_num_tokens"]) == 0:
             return {"_tokens": 0.0}
-        logp = action_log_probs(self.model, item.batch)
+        if self.cfg.skips_exactly:
+            live = [j for j in range(len(item.rows)) if bool((item.advantages[j] * mask[j]).any())]
+            if len(live) < len(item.rows):
+                return self._backward_live(item, live, info, gas, sample_updates, tokens)
+        logp = (action_log_probs_shared if self.cfg.shared_prefix else action_log_probs)(self.model, item.batch)
         device = logp.device
         info = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in info.items()}
         old = logp.detach() if item.old_log_probs is None else item.old_log_probs.to(device)
@@ -403,6 +433,37 @@ class LocalTrainer:
         stats["log_ratio_max"] = float(log_ratio.abs().max())
         self._per_sample(item, log_ratio, logp.detach(), old, adv, mask, sample_updates)
         return {**stats, "_tokens": tokens}
+
+    def _backward_live(self, item: MicroBatch, live: list[int], info: dict, gas: int,
+                       sample_updates: list[list[dict]], tokens: float) -> dict:
+        """:meth:`_backward` over the micro-batch's rows with a nonzero advantage only
+        (``TrainConfig.skips_exactly``). The skipped rows' ratio is exactly 1 and their loss 0, so
+        their per-sample entries are written as such, and the token-mean stats are rescaled to the
+        whole micro-batch's tokens (the skipped ones contribute 0 to each)."""
+        skipped = [j for j in range(len(item.rows)) if j not in live]
+        for j in skipped:
+            entry = {"ratio_mean": 1.0, "log_ratio_max": 0.0}
+            if self.cfg.loss.sapo is not None:
+                entry["sapo_penalized_share"] = 0.0
+            sample_updates[item.rows[j]].append(entry)
+        if not live:
+            return {"_tokens": tokens, "_skipped_rows": float(len(skipped))}
+        sub = self._micro_batch_of(item, live)
+        stats = self._backward(sub, info, gas, sample_updates)
+        share = stats["_tokens"] / tokens
+        out = {k: (v if k in LOSS_TERMS or k == "log_ratio_max" or k.startswith("_") else v * share)
+               for k, v in stats.items()}
+        return {**out, "_tokens": tokens, "_skipped_rows": float(len(skipped))}
+
+    @staticmethod
+    def _micro_batch_of(item: MicroBatch, keep: list[int]) -> MicroBatch:
+        """The rows ``keep`` of a micro-batch, re-padded to their own width."""
+        width = int(item.batch.attention_mask[keep].sum(1).max())
+        cut = lambda t: t[keep][:, : width - 1] if t is not None else None  # noqa: E731 - [B, L-1] tensors
+        batch = Batch(item.batch.sequences[keep][:, :width], item.batch.attention_mask[keep][:, :width],
+                      cut(item.batch.action_mask))
+        return MicroBatch([item.rows[j] for j in keep], batch, cut(item.old_log_probs), cut(item.advantages),
+                          cut(item.ref_log_probs))
 
     def _per_sample(self, item: MicroBatch, log_ratio, logp, old, adv, mask, sample_updates) -> None:
         counts = mask.sum(-1).clamp_min(1)
@@ -422,6 +483,11 @@ class LocalTrainer:
         if tokens == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return {"skipped": 1.0, "tokens": 0.0}
+        skipped_rows = sum(stats.get("_skipped_rows", 0.0) for _, stats in window)
+        if skipped_rows:  # a parameter no live row reached has the full pass's exact zero gradient
+            for param in self.model.parameters():
+                if param.requires_grad and param.grad is None:
+                    param.grad = torch.zeros_like(param)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
         self._mid_update = True
@@ -437,7 +503,10 @@ class LocalTrainer:
                     out[k] = out.get(k, 0.0) + v / gas
                 else:
                     out[k] = out.get(k, 0.0) + v * stats["_tokens"] / tokens
-        return {**out, "grad_norm": float(grad_norm), "tokens": tokens}
+        out = {**out, "grad_norm": float(grad_norm), "tokens": tokens}
+        if self.cfg.skips_exactly:
+            out["zero_advantage_samples_skipped"] = skipped_rows
+        return out
 
 
 def _mean_over_updates(updates: list[dict]) -> dict[str, float]:
