@@ -161,7 +161,8 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
             assert f"seed {s} {arm_dir:<12} step   1" in progress
     # the session's table is the study report over its seed folders (read back below)
     table = (out / "table.md").read_text()
-    assert "2 seed folder(s) from 1 session(s)" in table and (out / "figure.png").stat().st_size > 10_000
+    assert "2 seed folder(s) from 1 session(s)" in table and "## search regime, cpu: 2 seed(s)" in table
+    assert (out / "figure_search_cpu.png").stat().st_size > 10_000  # the demo's default --task, on a CPU
     for row in (*labels, "after warm-up (start)"):
         assert f"| {row} " in table
     study = json.loads((out / "study.json").read_text())
@@ -178,6 +179,8 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
         assert list(c["arms"]) == list(labels) and c["after_warmup"] is not None
         assert all(len(c["steps"][label]) == 1 and c["steps"][label][0]["wall_s"] > 0 for label in labels)
         assert c["arms"]["Random strata (alpha 0.8)"]["stratify_by"] == RANDOM_STRATA
+        assert c["regime"] == "search" and c["settings"]["steps"] == 1 and c["settings"]["heldout"] == 2
+        assert not any("settings_differ" in c["arms"][label] for label in labels)  # each arm's process: same flags
         starts = {c["arms"][label]["start_weights"] for label in labels}
         assert len(starts) == 1 and None not in starts
     summary = report_summary(committed)

@@ -1,54 +1,129 @@
 """The study's report regenerated from committed seed folders (openrlhf_sgrpo/demo/study_report.py):
-its numbers against ones computed here by hand, and a missing or malformed folder named."""
+seed folders written by export_seed from small synthetic run folders (the demo's layout: args.json,
+environment.json, metrics.jsonl with the warm-up's records, one folder per arm), then the
+report's numbers against ones computed here by hand, its groups (device, regime, settings: never
+pooled), and a missing, malformed or old folder named."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import struct
 from pathlib import Path
 
 import pytest
 
 from openrlhf_sgrpo.demo import study_report
-from openrlhf_sgrpo.demo.study_report import SeedFolderError, read_seeds, stats, summarize, t975
+from openrlhf_sgrpo.demo.study_report import (SeedFolderError, group_seeds, paired_differences, read_seeds, settled,
+                                              stats, strata_summary, summarize, t975, write_report)
+from openrlhf_sgrpo.demo.study_seeds import SeedExportError, export_seed
 
-# held-out EM 2-hop of GRPO over three seeds, and the last step's reward
+ARMS = "grpo,sgrpo:0.8,random:0.8"
+GRPO, SGRPO, RANDOM = "GRPO", "Stratified GRPO (alpha 0.8)", "Random strata (alpha 0.8)"
+DIRS = {GRPO: "grpo", SGRPO: "sgrpo_a0.8", RANDOM: "random_a0.8"}
+# every demo flag as the demo writes args.json (str(value)); the comparison's settings among them
+BASE_ARGS = {"out": "x", "resume": "False", "smoke": "False", "compare": "True", "arms": ARMS, "model": "smollm2",
+             "device": "cpu", "no_sandbox": "True", "engine": "vllm", "gpu_memory_share": "None", "task": "trap",
+             "strata_check": "8", "train_pairs": "200", "task_seed": "0", "heldout": "48", "steps": "8",
+             "warmup_steps": "12", "warmup_lr": "0.0001", "warmup_batch": "4", "demos": "64", "prompts_per_step": "4",
+             "n_samples": "8", "micro_batch_size": "8", "train_batch_size": "32", "max_epochs": "1",
+             "gradient_checkpointing": "False", "shared_prefix": "True", "lr": "2e-05", "estimator": "stratified_grpo",
+             "alpha": "0.8", "stratify_by": "tool_calls", "kl_coef": "0.0", "sapo": "False", "calibadv": "False",
+             "max_turns": "2", "max_len": "768", "max_tokens_per_turn": "48", "max_obs_tokens": "160",
+             "temperature": "1.0", "reward": "f1", "concurrency": "48", "seed": "0", "record_groups": "8"}
+HELDOUT = {"hop1/em": 0.9, "hop2/em": 0.25, "search_calls": 1.0, "hop2/two_search_share": 0.2}
+_runs = itertools.count()
+
+
+def make_run(root: Path, seed: int, *, device: str = "cpu", args: dict | None = None, heldout: dict | None = None,
+             curves: dict | None = None, weights: dict | None = None, strata: dict | None = None,
+             warm: dict | None = None, steps: int = 8, wall: float = 7.0) -> Path:
+    """A demo run folder of the three arms, shaped as the demo writes it. ``args``: args.json
+    overrides (None deletes a flag, as a run from before it); ``heldout``/``curves``/``weights``:
+    per arm label, held-out after RL, per-step training values (key -> one value per step) and
+    the start weights' digest; ``strata``: the strata_check record's strata (None: no check)."""
+    run = root / "runs" / f"run{next(_runs)}"
+    run.mkdir(parents=True)
+    flags = {**BASE_ARGS, "seed": str(seed), **(args or {})}
+    (run / "args.json").write_text(json.dumps({k: v for k, v in flags.items() if v is not None}))
+    (run / "environment.json").write_text(json.dumps({"device": device, "torch": "2.11.0"}))
+    records = [{"phase": "eval_warmup", "step": 0, "time": 1.0, **({"hop2/em": 0.0} if warm is None else warm)}]
+    if strata is not None:
+        records.append({"phase": "strata_check", "step": 0, "time": 2.0, "n": sum(s["n"] for s in strata.values()),
+                        "strata": strata, "questions": 8, "samples_per_question": 8})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for label, arm_dir in DIRS.items():
+        (run / arm_dir).mkdir()
+        t0 = 1000.0
+        rows = [{"phase": "arm_start", "step": 0, "time": t0, "weights": (weights or {}).get(label, "ab12")}]
+        for step in range(1, steps + 1):
+            rec = {"phase": "train", "step": step, "time": t0 + wall * step, "reward": 0.1, "search_calls": 1.0,
+                   "hop2/two_search_share": 0.3, "sgrpo/stratum1/share": 0.6, "sgrpo/stratum2/share": 0.4,
+                   "sgrpo/stratum1/adv_mass": -0.1 * step, "sgrpo/stratum2/adv_mass": 0.1 * step,
+                   "sgrpo/stratum1/reward": 0.5, "sgrpo/stratum2/reward": 0.3}
+            rec.update({k: v[step - 1] for k, v in ((curves or {}).get(label) or {}).items()})
+            rows.append(rec)
+        rows.append({"phase": "eval_after", "step": steps, "time": t0 + wall * steps + 5,
+                     **HELDOUT, **((heldout or {}).get(label) or {})})
+        (run / arm_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def seed_folder(root: Path, seed: int, session: str = "s1", **run) -> Path:
+    """A committed-form seed folder under ``root/seeds``, exported from a synthetic run."""
+    return export_seed(make_run(root, seed, **run), seed, ARMS, root / "seeds", session, ["--seeds", str(seed)],
+                       commit="abc")
+
+
+def sections(table: str) -> dict[str, str]:
+    """table.md's group sections by their heading."""
+    parts = table.split("\n## ")[1:]
+    return {p.splitlines()[0]: p for p in parts}
+
+
+def row(text: str, first: str) -> list[str]:
+    """The cells of the markdown table row whose first cell is ``first``."""
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {first} "))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def cell(s: dict, digits: int = 3) -> str:
+    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f} [{s['lo']:.{digits}f}, {s['hi']:.{digits}f}]"
+
+
+def hand_stats(values: list[float]) -> dict:
+    """Mean, sample std and the 95 % t-interval, with SciPy's t quantile."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = scipy_stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+
+
+def png_width(path: Path) -> int:
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return struct.unpack(">I", data[16:20])[0]
+
+
+# held-out EM 2-hop of GRPO over three seeds, the last step's reward, EM 2-hop after the warm-up
 EM2 = [0.125, 0.25, 0.5]
 LAST_REWARD = [0.4, 0.7, 0.55]
-WARM_EM2 = [0.0, 0.125, 0.125]  # held-out EM 2-hop after the warm-up, where every arm starts
+WARM_EM2 = [0.0, 0.125, 0.125]
 
 
-def write_seed(root: Path, name: str, seed: int, em2: float, last_reward: float, session: str = "s1",
-               mechanism: bool = True, warm_em2: float | None = None) -> Path:
-    """A seed folder in the committed form, GRPO and Stratified GRPO, three steps each."""
-    folder = root / name
-    folder.mkdir(parents=True)
-    arms = {}
-    lines = []
-    for label, shift in (("GRPO", 0.0), ("Stratified GRPO (alpha 0.8)", 0.1)):
-        arms[label] = {"dir": "x", "estimator": "grpo", "alpha": 0.0, "stratify_by": None, "steps": 3,
-                       "heldout": {"hop1/em": 0.9, "hop2/em": em2 + shift, "search_calls": 1.0 + shift,
-                                   "hop2/two_search_share": 0.2 + shift}}
-        for step in (1, 2, 3):
-            row = {"arm": label, "step": step, "time": 1000.0 + 10 * step, "wall_s": 7.0 + seed + shift,
-                   "reward": last_reward + shift if step == 3 else 0.1, "search_calls": 1.0 + step * shift,
-                   "hop2/two_search_share": 0.3}
-            if mechanism:
-                row.update({"sgrpo/stratum1/adv_mass": -0.5 * step, "sgrpo/stratum2/adv_mass": 0.5 * step})
-            lines.append(json.dumps(row))
-    meta = {"schema": 1, "session": session, "device": "NVIDIA H200", "seed": seed, "commit": "abc", "argv": [],
-            "environment": {}, "after_warmup": None if warm_em2 is None else {"hop2/em": warm_em2}, "arms": arms}
-    (folder / "seed.json").write_text(json.dumps(meta))
-    (folder / "steps.jsonl").write_text("\n".join(lines) + "\n")
-    return folder
-
-
-@pytest.fixture
-def seeds_root(tmp_path: Path) -> Path:
-    root = tmp_path / "seeds"
+def three_seeds(root: Path, device: str = "NVIDIA H200", session: str = "s1") -> None:
+    """Three seeds of one group: GRPO's EM 2-hop EM2, last reward LAST_REWARD; the other arms
+    +0.1; seed k's steps take 7 + k s (Stratified GRPO's 7.1 + k)."""
     for k, (em2, r) in enumerate(zip(EM2, LAST_REWARD)):
-        write_seed(root, f"s1_nvidia-h200_seed{k}", k, em2, r, mechanism=k != 2, warm_em2=WARM_EM2[k])
-    return root
+        heldout = {label: {"hop2/em": em2 + shift, "search_calls": 1.0 + shift, "hop2/two_search_share": 0.2 + shift}
+                   for label, shift in ((GRPO, 0.0), (SGRPO, 0.1), (RANDOM, 0.1))}
+        curves = {label: {"reward": [0.1] * 7 + [r + shift]}
+                  for label, shift in ((GRPO, 0.0), (SGRPO, 0.1), (RANDOM, 0.1))}
+        seed_folder(root, k, session, device=device, heldout=heldout, curves=curves, warm={"hop2/em": WARM_EM2[k]},
+                    wall=7.0 + k)
 
 
 def test_t_quantiles_are_students():
@@ -61,57 +136,232 @@ def test_t_quantiles_are_students():
         assert t975(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=2e-5), df
 
 
-def test_mean_std_and_interval_over_seeds_match_a_hand_computation(seeds_root):
-    seeds = read_seeds(seeds_root)
-    cols = summarize(seeds)["GRPO"]
-    n = len(EM2)
-    mean = sum(EM2) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in EM2) / (n - 1))
-    half = 4.302652729911275 * std / math.sqrt(n)  # t_{0.975, 2}
+def test_export_writes_regime_typed_settings_and_the_strata_check(tmp_path):
+    strata = {"1": {"n": 40, "share": 0.625, "em": 0.5, "em_lo": 0.35, "em_hi": 0.65},
+              "2": {"n": 24, "share": 0.375, "em": 0.25, "em_lo": 0.12, "em_hi": 0.45}}
+    folder = seed_folder(tmp_path, 3, strata=strata, args={"lr": "1e-05", "strata_check": "8"})
+    meta = json.loads((folder / "seed.json").read_text())
+    assert meta["schema"] == 2 and meta["regime"] == "trap"
+    s = meta["settings"]
+    assert s["lr"] == 1e-05 and isinstance(s["lr"], float) and s["steps"] == 8 and isinstance(s["steps"], int)
+    assert s["shared_prefix"] is True and s["gradient_checkpointing"] is False and s["model"] == "smollm2"
+    assert "seed" not in s and "out" not in s and "arms" not in s  # what makes seeds of one comparison alike
+    assert meta["strata_warmup"] == {"strata": strata, "questions": 8, "samples_per_question": 8}
+    # a run from before --task: the search-necessary regime; before --strata-check: None, no check
+    old = json.loads((seed_folder(tmp_path, 4, args={"task": None, "strata_check": None}) / "seed.json").read_text())
+    assert old["regime"] == "search" and old["settings"]["strata_check"] is None and old["strata_warmup"] is None
+    run = make_run(tmp_path, 5)
+    (run / "args.json").unlink()
+    with pytest.raises(SeedExportError, match=rf"{run}: args.json is missing"):
+        export_seed(run, 5, ARMS, tmp_path / "other", "s", [], commit="abc")
+    (run / "args.json").write_text(json.dumps({**BASE_ARGS, "steps": "eight"}))
+    with pytest.raises(SeedExportError, match=rf"{run}: args.json's 'steps' is 'eight', not an int"):
+        export_seed(run, 5, ARMS, tmp_path / "other", "s", [], commit="abc")
+    assert not (tmp_path / "other").exists()  # nothing half-written
+
+
+def test_split_arms_with_other_flags_are_named_in_the_seed_and_the_report(tmp_path):
+    """Under --split-arms each arm's process has its own args.json: one with other flags is kept
+    in the seed (settings_differ) and noted in its table."""
+    run = make_run(tmp_path, 0)
+    other = tmp_path / "runs" / "run_other"
+    other.mkdir()
+    (other / "args.json").write_text(json.dumps({**BASE_ARGS, "lr": "1e-05"}))
+    (other / DIRS[RANDOM]).mkdir()
+    (other / DIRS[RANDOM] / "metrics.jsonl").write_text((run / DIRS[RANDOM] / "metrics.jsonl").read_text())
+    folder = export_seed(run, 0, ARMS, tmp_path / "seeds", "s1", [], commit="abc", arm_runs=[run, run, other])
+    arms = json.loads((folder / "seed.json").read_text())["arms"]
+    assert arms[RANDOM]["settings_differ"] == {"lr": 1e-05} and "settings_differ" not in arms[SGRPO]
+    table, _ = write_report(tmp_path / "seeds", tmp_path / "report")
+    assert f"note: s1_cpu_seed0: arm {RANDOM} ran with other settings: lr 1e-05" in table.read_text()
+
+
+def test_mean_std_and_interval_over_seeds_match_a_hand_computation(tmp_path):
+    three_seeds(tmp_path)
+    seeds = read_seeds(tmp_path / "seeds")
+    cols = summarize(seeds)[GRPO]
+    want = hand_stats(EM2)
     got = cols["EM 2-hop"]
     assert got["n"] == 3
-    assert (got["mean"], got["std"], got["lo"], got["hi"]) == pytest.approx((mean, std, mean - half, mean + half))
-    r_mean = sum(LAST_REWARD) / n
-    assert cols["last-step reward"]["mean"] == pytest.approx(r_mean)
+    assert (got["mean"], got["std"], got["lo"], got["hi"]) == pytest.approx(
+        (want["mean"], want["std"], want["lo"], want["hi"]))
+    assert cols["last-step reward"]["mean"] == pytest.approx(sum(LAST_REWARD) / 3)
     assert cols["last-step reward"]["std"] == pytest.approx(0.15)  # 0.4, 0.7, 0.55: deviations ±0.15, 0
     # the other arm is shifted by 0.1 in every seed: the same spread, its mean 0.1 higher
-    other = summarize(seeds)["Stratified GRPO (alpha 0.8)"]["EM 2-hop"]
-    assert other["mean"] == pytest.approx(mean + 0.1) and other["std"] == pytest.approx(std)
+    other = summarize(seeds)[SGRPO]["EM 2-hop"]
+    assert other["mean"] == pytest.approx(want["mean"] + 0.1) and other["std"] == pytest.approx(want["std"])
     assert stats([0.5])["n"] == 1 and math.isnan(stats([0.5])["std"])
 
 
-def test_report_writes_table_and_figure_with_step_times_per_session(seeds_root, tmp_path, capsys):
-    write_seed(seeds_root, "s2_cpu_seed0", 0, 0.0, 0.0, session="s2")
+def test_report_table_warm_up_row_repeated_seeds_and_step_times_per_session(tmp_path, capsys):
+    three_seeds(tmp_path)
+    seed_folder(tmp_path, 0, "s2", device="NVIDIA H200", heldout={GRPO: {"hop2/em": 0.0}}, warm={})
     out = tmp_path / "report"
-    assert study_report.main(["--results", str(seeds_root), "--out", str(out)]) == 0
+    assert study_report.main(["--results", str(tmp_path / "seeds"), "--out", str(out)]) == 0
     table = (out / "table.md").read_text()
-    assert "4 seed folder(s) from 2 session(s)" in table
-    assert "note: seed 0 is in 2 folders (s1_nvidia-h200_seed0, s2_cpu_seed0)" in table
-    assert "note: seed 1" not in table
+    (section,) = sections(table).values()  # one device, one regime, one set of settings: one table
+    assert "4 seed folder(s) from 2 session(s): s1, s2" in section
+    assert "note: seed 0 is in 2 folders (s1_nvidia-h200_seed0, s2_nvidia-h200_seed0)" in section
+    assert "note: seed 1" not in section
     # GRPO's EM 2-hop over the four seeds [0.125, 0.25, 0.5, 0.0], formatted as the cell is
-    vals = EM2 + [0.0]
-    mean = sum(vals) / 4
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / 3)
-    half = 3.1824463052837 * std / 2
-    assert f"{mean:.3f} ± {std:.3f} [{mean - half:.3f}, {mean + half:.3f}]" in table
+    assert row(section, GRPO)[3] == cell(hand_stats(EM2 + [0.0]))
     # the warm-up row: the three seeds that recorded it (s2's did not), its last-step reward "-"
-    w_mean = sum(WARM_EM2) / 3
-    w_std = math.sqrt(sum((v - w_mean) ** 2 for v in WARM_EM2) / 2)
-    w_half = 4.302652729911275 * w_std / math.sqrt(3)
-    warm_row = next(line for line in table.splitlines() if line.startswith("| after warm-up (start) "))
-    cells = [c.strip() for c in warm_row.strip("|").split("|")]
-    assert cells[1] == "3" and cells[-1] == "-"
-    assert f"{w_mean:.3f} ± {w_std:.3f} [{w_mean - w_half:.3f}, {w_mean + w_half:.3f}]" in cells
+    warm_row = row(section, "after warm-up (start)")
+    assert warm_row[1] == "3" and warm_row[-1] == "-" and warm_row[3] == cell(hand_stats(WARM_EM2))
     # step times: session s1's GRPO seeds ran 7, 8, 9 s per step; s2's one seed 7 s, alone
-    assert "| s1 " in table and "8.000 ± 1.000" in table
-    assert (out / "figure.png").stat().st_size > 10_000
+    assert row(section, "s1")[2:5] == ["GRPO", "3", "8.000 ± 1.000 [5.516, 10.484]"]
     assert "wrote" in capsys.readouterr().out
 
 
-def test_missing_and_malformed_seed_folders_are_named(seeds_root, tmp_path, capsys):
+def test_cpu_gpu_and_the_two_regimes_never_share_a_table(tmp_path):
+    em2 = {0: 0.125, 1: 0.375, 2: 0.75, 3: 0.5}
+    for k, device, task in ((0, "cpu", "trap"), (1, "cpu", "trap"), (2, "NVIDIA H200", "trap"), (3, "cpu", None)):
+        seed_folder(tmp_path, k, device=device, args={"task": task}, heldout={GRPO: {"hop2/em": em2[k]}})
+    out = tmp_path / "report"
+    table_path, first = write_report(tmp_path / "seeds", out)
+    table = table_path.read_text()
+    by_head = sections(table)
+    assert sorted(by_head) == ["search regime, cpu: 1 seed(s)", "trap regime, NVIDIA H200: 1 seed(s)",
+                               "trap regime, cpu: 2 seed(s)"]
+    # each table's GRPO cell holds its own seeds alone: the CPU trap seeds 0 and 1, the GPU seed 2,
+    # the old run without --task (the search-necessary regime) seed 3
+    assert row(by_head["trap regime, cpu: 2 seed(s)"], GRPO)[3] == cell(hand_stats([em2[0], em2[1]]))
+    assert row(by_head["trap regime, NVIDIA H200: 1 seed(s)"], GRPO)[1:4] == ["1", "0.900", "0.750"]
+    assert row(by_head["search regime, cpu: 1 seed(s)"], GRPO)[1:4] == ["1", "0.900", "0.500"]
+    names = ["figure_search_cpu.png", "figure_trap_cpu.png", "figure_trap_nvidia-h200.png"]
+    assert first == out / names[0]
+    for name in names:  # every figure written, listed, 880 px wide (GitHub's width: shown unscaled)
+        assert f"`{name}`" in table and f"]({name})" in table
+        assert (out / name).stat().st_size > 10_000 and png_width(out / name) == 880
+
+
+def test_differing_settings_split_a_group_and_the_text_names_them(tmp_path):
+    for k, lr in ((0, "2e-05"), (1, "2e-05"), (2, "1e-05")):
+        seed_folder(tmp_path, k, args={"lr": lr})
+    groups = group_seeds(read_seeds(tmp_path / "seeds"))
+    assert [(g.index, [s["seed"] for s in g.seeds]) for g in groups] == [(1, [0, 1]), (2, [2])]
+    assert groups[0].differs == {"lr": [1e-05]} and groups[1].differs == {"lr": [2e-05]}
+    out = tmp_path / "report"
+    table = write_report(tmp_path / "seeds", out)[0].read_text()
+    by_head = sections(table)
+    first = by_head["trap regime, cpu, settings 1: 2 seed(s)"]
+    second = by_head["trap regime, cpu, settings 2: 1 seed(s)"]
+    assert "their settings differ in lr (here 2e-05; there 1e-05)." in first
+    assert "their settings differ in lr (here 1e-05; there 2e-05)." in second
+    assert "Settings: task trap, model smollm2, engine vllm, steps 8, prompts_per_step 4, n_samples 8," in first
+    for name in ("figure_trap_cpu_1.png", "figure_trap_cpu_2.png"):
+        assert (out / name).stat().st_size > 10_000 and f"]({name})" in table
+    assert not (out / "figure_trap_cpu.png").exists()
+
+
+def test_paired_differences_match_a_hand_computation(tmp_path):
+    grpo = {"hop2/em": [0.125, 0.25, 0.5], "search_calls": [1.0, 1.125, 0.875], "hop1/em": [0.9, 0.8, 0.85]}
+    sgrpo = {"hop2/em": [0.25, 0.25, 0.75], "search_calls": [1.5, 1.25, 1.625], "hop1/em": [0.9, 0.9, 0.8]}
+    for k in range(3):
+        seed_folder(tmp_path, k, heldout={GRPO: {key: v[k] for key, v in grpo.items()},
+                                          SGRPO: {key: v[k] for key, v in sgrpo.items()},
+                                          RANDOM: {"hop2/em": None if k == 2 else 0.25}})
+    seeds = read_seeds(tmp_path / "seeds")
+    diffs = paired_differences(seeds)
+    assert sorted(diffs) == sorted([SGRPO, RANDOM])
+    for key in ("hop2/em", "search_calls", "hop1/em"):
+        want = hand_stats([a - b for a, b in zip(sgrpo[key], grpo[key])])
+        got = diffs[SGRPO][key]
+        assert got["n"] == 3 and (got["mean"], got["std"], got["lo"], got["hi"]) == pytest.approx(
+            (want["mean"], want["std"], want["lo"], want["hi"])), key
+    assert diffs[SGRPO]["hop2/two_search_share"]["mean"] == pytest.approx(0.0)  # both HELDOUT's 0.2
+    # the random arm's seed 2 logged no two-hop EM (NaN, written null): two pairs, not three
+    random_em2 = diffs[RANDOM]["hop2/em"]
+    assert random_em2["n"] == 2 and random_em2["mean"] == pytest.approx(((0.25 - 0.125) + (0.25 - 0.25)) / 2)
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    cells = row(table, f"{SGRPO} - GRPO")
+    assert cells[1] == "3" and cells[2] == cell(hand_stats([0.125, 0.0, 0.25]))
+    assert cells[3] == cell(hand_stats([0.5, 0.125, 0.75]))
+    assert row(table, f"{RANDOM} - GRPO")[2].endswith(" (n 2)")
+    assert "flagged" not in table  # every arm from the same start
+
+
+def test_a_seed_whose_arms_start_from_other_weights_is_flagged(tmp_path):
+    seed_folder(tmp_path, 0)
+    seed_folder(tmp_path, 7, weights={RANDOM: "ff00"})
+    seed_folder(tmp_path, 8, weights={SGRPO: None})
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    assert (f"- flagged: seed 7 (s1_cpu_seed7): its arms' start weights differ (GRPO ab12, {SGRPO} ab12, "
+            f"{RANDOM} ff00)") in table
+    assert f"- flagged: seed 8 (s1_cpu_seed8): start weights not recorded for {SGRPO}" in table
+    assert "seed 0 (" not in table
+
+
+def test_settled_slopes_match_numpy_polyfit(tmp_path):
+    np = pytest.importorskip("numpy")
+    curves = {0: [0.5, 0.8, 1.0, 1.1, 1.2, 1.25, 1.2, 1.3], 1: [0.4, 0.9, 1.0, 0.95, 1.0, 1.05, 1.0, 1.0],
+              2: [0.6, 0.7, 0.8, 1.0, 1.1, 1.2, 1.3, 1.4]}
+    for k, values in curves.items():
+        seed_folder(tmp_path, k, curves={GRPO: {"search_calls": values},
+                                         SGRPO: {"search_calls": [1.0 + 0.1 * i for i in range(8)]}})
+    seed_folder(tmp_path, 9, steps=3)  # a cut-off seed: too few steps for the window, left out
+    seeds = read_seeds(tmp_path / "seeds")
+    result = settled(seeds)
+    steps = np.arange(4, 9)
+    slopes = [np.polyfit(steps, np.array(v[-5:]), 1)[0] for v in curves.values()]
+    want = hand_stats(slopes)
+    got = result[GRPO]["slope"]
+    assert got["n"] == 3 and (got["mean"], got["std"], got["lo"], got["hi"]) == pytest.approx(
+        (want["mean"], want["std"], want["lo"], want["hi"]))
+    assert result[GRPO]["last"] == pytest.approx([np.mean([v[i] for v in curves.values()]) for i in range(3, 8)])
+    assert result[GRPO]["steps"] == [(4, 5, 6, 7, 8)] and result[GRPO]["short"] == ["s1_cpu_seed9"]
+    assert result[SGRPO]["slope"]["mean"] == pytest.approx(0.1) and result[SGRPO]["slope"]["std"] == pytest.approx(0.0)
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    cells = row(table.split("Has the search count settled?")[1], GRPO)
+    assert cells[1] == "3" and cells[-1] == cell(want, 4)
+    assert cells[2:7] == [f"{np.mean([v[i] for v in curves.values()]):.3f}" for i in range(3, 8)]
+    assert "(steps 4-8)" in table and "(left out: fewer than 5 steps: s1_cpu_seed9)" in table
+
+
+def test_strata_after_the_warm_up_pool_like_hand_counts(tmp_path):
+    checks = {0: {"1": {"n": 40, "share": 0.625, "em": 0.5, "em_lo": 0.35, "em_hi": 0.65},
+                  "2": {"n": 24, "share": 0.375, "em": 0.25, "em_lo": 0.12, "em_hi": 0.45}},
+              1: {"0": {"n": 4, "share": 0.0625, "em": 0.0, "em_lo": 0.0, "em_hi": 0.49},
+                  "1": {"n": 36, "share": 0.5625, "em": 20 / 36, "em_lo": 0.4, "em_hi": 0.7},
+                  "2": {"n": 24, "share": 0.375, "em": 7 / 24, "em_lo": 0.15, "em_hi": 0.49}},
+              2: None}  # a seed without a strata check (--strata-check 0): not counted
+    for k, strata in checks.items():
+        seed_folder(tmp_path, k, strata=strata)
+    summary = strata_summary(read_seeds(tmp_path / "seeds"))
+    assert list(summary) == ["0", "1", "2"]
+    assert (summary["0"]["n"], summary["0"]["wins"], summary["0"]["em_pooled"]) == (4, 0, 0.0)
+    assert summary["0"]["share"]["mean"] == pytest.approx(0.0625 / 2) and summary["0"]["em"]["n"] == 1
+    assert (summary["1"]["n"], summary["1"]["wins"]) == (76, 40) and summary["1"]["em_pooled"] == pytest.approx(40 / 76)
+    assert (summary["2"]["n"], summary["2"]["wins"]) == (48, 13) and summary["2"]["em_pooled"] == pytest.approx(13 / 48)
+    want = hand_stats([0.5, 20 / 36])
+    got = summary["1"]["em"]
+    assert got["n"] == 2 and got["mean"] == pytest.approx(want["mean"], abs=1e-4)  # 4 decimals in the seed
+    assert got["std"] == pytest.approx(want["std"], abs=1e-4)
+    share = summary["1"]["share"]
+    assert (share["mean"], share["std"]) == pytest.approx((hand_stats([0.625, 0.5625])["mean"],
+                                                           hand_stats([0.625, 0.5625])["std"]))
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    assert "2 of 3 seed(s) made the check" in table
+    assert row(table, "1 search")[4:] == ["76", f"{40 / 76:.3f} (40/76)"]
+    assert row(table, "2 searches")[4:] == ["48", f"{13 / 48:.3f} (13/48)"]
+    assert row(table, "s1_cpu_seed1")[1:] == ["8 x 8", "0.00 (n 4)", "0.56 (n 36)", "0.29 (n 24)"]  # its own
+    assert row(table, "s1_cpu_seed0")[1:] == ["8 x 8", "-", "0.50 (n 40)", "0.25 (n 24)"]
+
+
+def test_missing_malformed_and_old_seed_folders_are_named(tmp_path, capsys):
+    three_seeds(tmp_path)
+    seeds_root = tmp_path / "seeds"
     assert study_report.main(["--results", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
     assert "nowhere" in capsys.readouterr().err
     broken = seeds_root / "s1_nvidia-h200_seed1"
+    meta = json.loads((broken / "seed.json").read_text())
+    (broken / "seed.json").write_text(json.dumps({**meta, "schema": 1}))
+    with pytest.raises(SeedFolderError, match=r"s1_nvidia-h200_seed1: seed.json has schema 1, expected 2 .*export it"):
+        read_seeds(seeds_root)
+    (broken / "seed.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "settings"}))
+    with pytest.raises(SeedFolderError, match=r"s1_nvidia-h200_seed1: seed.json lacks 'settings'"):
+        read_seeds(seeds_root)
+    (broken / "seed.json").write_text(json.dumps(meta))
     (broken / "steps.jsonl").unlink()
     with pytest.raises(SeedFolderError, match=r"s1_nvidia-h200_seed1: steps.jsonl is missing"):
         read_seeds(seeds_root)
@@ -129,15 +379,12 @@ def test_missing_and_malformed_seed_folders_are_named(seeds_root, tmp_path, caps
 
 def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
     """The committed form's size budget, on a run folder shaped like a GPU seed's: 3 arms x 20
-    steps with every per-step key the trainer logs; the demo's 2 tool turns give strata 0-2 (the
-    trainer logs 0-3; 3 never occurs, 2 not at every step)."""
+    steps with every per-step key the trainer logs, the settings and the strata check; the demo's
+    2 tool turns give strata 0-2 (the trainer logs 0-3; 3 never occurs, 2 not at every step)."""
     import random
-
-    from openrlhf_sgrpo.demo.study_seeds import export_seed
 
     rng = random.Random(0)
     run = tmp_path / "seed_0"
-    arms = "grpo,sgrpo:0.8,random:0.8"
     for arm_dir in ("grpo", "sgrpo_a0.8", "random_a0.8"):
         (run / arm_dir).mkdir(parents=True)
         rows = [{"phase": "arm_start", "step": 0, "time": 1.7e9, "weights": "ab12"}]
@@ -157,8 +404,13 @@ def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
             rows.append(rec)
         rows.append({"phase": "eval_after", "step": 20, "time": 1.7e9 + 200, "hop1/em": 0.9, "hop2/em": 0.3})
         (run / arm_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    strata = {s: {"n": 16, "share": 0.25, "em": rng.random(), "em_lo": rng.random(), "em_hi": rng.random()}
+              for s in ("0", "1", "2", "3plus")}
+    (run / "metrics.jsonl").write_text(json.dumps({"phase": "strata_check", "step": 0, "time": 1.7e9, "n": 64,
+                                                   "strata": strata, "questions": 8, "samples_per_question": 8}) + "\n")
     (run / "environment.json").write_text(json.dumps({"device": "NVIDIA H200", "torch": "2.11.0"}))
-    dest = export_seed(run, 0, arms, tmp_path / "seeds", "s", ["--seeds", "0"], commit="abc")
+    (run / "args.json").write_text(json.dumps({**BASE_ARGS, "steps": "20"}))
+    dest = export_seed(run, 0, ARMS, tmp_path / "seeds", "s", ["--seeds", "0"], commit="abc")
     assert dest.name == "s_nvidia-h200_seed0"
     size = sum(p.stat().st_size for p in dest.iterdir())
     assert size < 50_000, size
@@ -170,3 +422,4 @@ def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
     assert not any(k.startswith("sgrpo/stratum3/") for row in grpo for k in row)
     assert [r["step"] for r in grpo if "sgrpo/stratum4plus/adv_mass" in r] == [5]  # the merged tail is kept
     assert seed["arms"]["Random strata (alpha 0.8)"]["heldout"]["hop2/em"] == 0.3
+    assert seed["settings"]["steps"] == 20 and seed["strata_warmup"]["strata"]["3plus"]["n"] == 16

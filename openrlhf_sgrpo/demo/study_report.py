@@ -1,16 +1,24 @@
-"""Regenerate the study's table and figure from every committed seed folder.
+"""Regenerate the study's tables and figures from every committed seed folder.
 
     python -m openrlhf_sgrpo.demo.study_report --results docs/study/seeds --out docs/study
 
-Why regenerate instead of edit: each lent GPU session adds seed folders (``study_seeds.py``), and
-the numbers over seeds are then recomputed from all of them, never typed (DESIGN.md, "Evidence
-that accumulates"). Writes ``OUT/table.md`` (per arm: seeds, and over seeds mean ± sample std and
-a 95 % t-interval of held-out EM 1-hop / 2-hop, searches per question, two-search share on two-hop
-questions, the last step's training reward; then the seconds per training step of each arm per
-session, which only compare within a session: same device, same number of processes at once) and
-``OUT/figure.png`` (training reward, searches per question, two-search share: mean and a ± one
-std band over seeds; and the mechanism: per step, the net advantage mass of the 1-search and
-2-search strata, where the seeds logged ``sgrpo/stratum{k}/adv_mass``).
+Why regenerate instead of edit: each session adds seed folders (``study_seeds.py``), and the
+numbers over seeds are then recomputed from all of them, never typed (DESIGN.md, "Evidence that
+accumulates").
+
+Why groups: a CPU seed and a GPU seed differ in kernels, precision and speed, the two regimes
+(``--task search`` / ``trap``) ask different questions, and seeds run with other flags (steps,
+learning rate...) are other experiments. So seeds are grouped by (device, regime), and within one
+by their ``settings`` (every comparison-defining flag; the seed aside); nothing is ever pooled
+across groups. Per group, ``OUT/table.md`` has a section: the settings; the arms' held-out table
+after RL (mean ± sample std [95 % t-interval] over seeds, the warm-up row first); the **paired**
+differences arm - GRPO per seed (the arms of a seed start from the same warm-up weights, so the
+seed's own difficulty cancels); the strata after the warm-up (each search count's share and EM,
+sampled on held-out two-hop questions: whether the trap was there); whether GRPO's search count
+has settled (the last steps' curve and its slope); seconds per step per session. And a figure,
+``OUT/figure_<regime>_<device>[_<k>].png``: training reward, searches per question, two-search
+share on two-hop prompts, the net advantage mass of the 1- and 2-search strata, and their mean
+training reward (mean ± std over seeds per arm).
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from openrlhf_sgrpo.demo.study_seeds import SCHEMA
+from openrlhf_sgrpo.demo.study_seeds import SCHEMA, SETTINGS, device_tag
 from openrlhf_sgrpo.eval.table import format_table
 
 # two-sided 95 % quantiles of Student's t, df 1..30 (t_{0.975, df}); beyond, a Cornish-Fisher expansion
@@ -34,9 +43,18 @@ _T975 = (12.7062047, 4.3026527, 3.1824463, 2.7764451, 2.5705818, 2.4469119, 2.36
 COLUMNS = (("EM 1-hop", ("heldout", "hop1/em")), ("EM 2-hop", ("heldout", "hop2/em")),
            ("searches/q", ("heldout", "search_calls")), ("two-search share 2-hop", ("heldout", "hop2/two_search_share")),
            ("last-step reward", ("last_step", "reward")))
+BASELINE = "GRPO"  # the arm every other arm's paired difference is taken against
+# (held-out key, column) of the paired differences arm - GRPO
+PAIRED = (("hop2/em", "EM 2-hop"), ("search_calls", "searches/q"), ("hop2/two_search_share", "two-search share 2-hop"),
+          ("hop1/em", "EM 1-hop"))
+STRATA = ("0", "1", "2", "3plus")  # demo/strata_check.py's names
+SETTLE_STEPS = 5  # the last steps over which "has the search count settled" is judged
+SETTLE_KEY = "search_calls"
 # (step key, panel title) of the figure's curves
-CURVES = (("reward", "training reward"), ("search_calls", "searches per question (training)"),
+CURVES = (("reward", "training reward"), ("search_calls", "searches per question"),
           ("hop2/two_search_share", "two-search share, two-hop prompts"))
+FONT_PT = 8  # the smallest font of the figure: legible at GitHub's ~880 px (the figure is 880 px wide)
+FIG_WIDTH_IN, FIG_DPI = 8.8, 100
 
 
 class SeedFolderError(ValueError):
@@ -54,10 +72,14 @@ def t975(df: int) -> float:
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))  # < 1e-6 relative for df > 30
 
 
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
 def stats(values: list[float]) -> dict:
     """n, mean, sample std (n - 1) and the 95 % t-interval of the mean; std and interval are NaN
     for one value (one seed says nothing about the spread)."""
-    values = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    values = _finite(values)
     n = len(values)
     if n == 0:
         return {"n": 0, "mean": math.nan, "std": math.nan, "lo": math.nan, "hi": math.nan}
@@ -67,6 +89,9 @@ def stats(values: list[float]) -> dict:
     std = statistics.stdev(values)
     half = t975(n - 1) * std / math.sqrt(n)
     return {"n": n, "mean": mean, "std": std, "lo": mean - half, "hi": mean + half}
+
+
+# ---------------------------------------------------------------------------------------- reading
 
 
 def read_seed(folder: Path) -> dict:
@@ -82,13 +107,17 @@ def read_seed(folder: Path) -> dict:
     except ValueError as err:
         raise SeedFolderError(f"seed folder {folder}: seed.json is not JSON ({err})") from None
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        raise SeedFolderError(f"seed folder {folder}: seed.json has schema {meta.get('schema') if isinstance(meta, dict) else None!r}, "
-                              f"expected {SCHEMA}")
-    for key in ("session", "device", "seed", "arms"):
+        found = meta.get("schema") if isinstance(meta, dict) else None
+        old = (" (schema 1 has no regime or settings, so its table cannot be known; export it again from its "
+               "run folder with study_seeds.export_seed)") if found == 1 else ""
+        raise SeedFolderError(f"seed folder {folder}: seed.json has schema {found!r}, expected {SCHEMA}{old}")
+    for key in ("session", "device", "seed", "arms", "regime", "settings"):
         if key not in meta:
             raise SeedFolderError(f"seed folder {folder}: seed.json lacks {key!r}")
     if not isinstance(meta["arms"], dict) or not meta["arms"]:
         raise SeedFolderError(f"seed folder {folder}: seed.json's 'arms' names no arm")
+    if not isinstance(meta["settings"], dict):
+        raise SeedFolderError(f"seed folder {folder}: seed.json's 'settings' is not an object")
     steps: dict[str, list[dict]] = {label: [] for label in meta["arms"]}
     for i, line in enumerate(steps_path.read_text().splitlines(), 1):
         if not line.strip():
@@ -119,6 +148,78 @@ def read_seeds(results: Path) -> list[dict]:
     return [read_seed(f) for f in folders]
 
 
+# ---------------------------------------------------------------------------------------- groups
+
+
+@dataclass
+class Group:
+    """Seeds that may be pooled: one device, one regime, one set of settings."""
+
+    device: str
+    regime: str
+    settings: dict
+    seeds: list[dict] = field(default_factory=list)
+    index: int | None = None  # 1, 2, ... where the (device, regime) has several settings
+    differs: dict[str, list] = field(default_factory=dict)  # setting -> the other sub-groups' values
+
+    @property
+    def figure_name(self) -> str:
+        regime = device_tag({"device": self.regime})
+        suffix = "" if self.index is None else f"_{self.index}"
+        return f"figure_{regime}_{device_tag({'device': self.device})}{suffix}.png"
+
+    @property
+    def title(self) -> str:
+        part = "" if self.index is None else f", settings {self.index}"
+        return f"{self.regime} regime, {self.device}{part}: {len(self.seeds)} seed(s)"
+
+
+def _settings_key(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True)
+
+
+def group_seeds(seeds: list[dict]) -> list[Group]:
+    """Seeds by (regime, device), then by settings (never pooled across); in each (regime, device)
+    the sub-groups come in the order of their first folder's name (older sessions first)."""
+    by_kind: dict[tuple[str, str], dict[str, Group]] = {}
+    for s in sorted(seeds, key=lambda s: s["folder"]):
+        subs = by_kind.setdefault((str(s["regime"]), str(s["device"])), {})
+        key = _settings_key(s["settings"])
+        subs.setdefault(key, Group(str(s["device"]), str(s["regime"]), s["settings"])).seeds.append(s)
+    groups = []
+    for (_, _), subs in sorted(by_kind.items()):
+        members = list(subs.values())
+        for i, g in enumerate(members):
+            if len(members) > 1:
+                g.index = i + 1
+                keys = sorted({k for other in members for k in (*other.settings, *g.settings)})
+                g.differs = {k: [o.settings.get(k) for o in members if o is not g] for k in keys
+                             if any(o.settings.get(k) != g.settings.get(k) for o in members if o is not g)}
+            groups.append(g)
+    return groups
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_line(settings: dict) -> str:
+    """Every setting in one line, in :data:`study_seeds.SETTINGS` order (others after)."""
+    keys = [k for k in SETTINGS if k in settings] + sorted(k for k in settings if k not in SETTINGS)
+    return "Settings: " + ", ".join(f"{k} {_fmt(settings[k])}" for k in keys) + "."
+
+
+def differs_line(group: Group) -> str:
+    """Why this group is not pooled with its (device, regime)'s others: the settings that differ."""
+    parts = [f"{k} (here {_fmt(group.settings.get(k))}; there {', '.join(_fmt(v) for v in dict.fromkeys(vals))})"
+             for k, vals in group.differs.items()]
+    return (f"Not pooled with the other {group.regime} / {group.device} table(s): their settings differ in "
+            + "; ".join(parts) + ".")
+
+
+# ---------------------------------------------------------------------------------------- numbers
+
+
 def _value(seed: dict, label: str, source: tuple[str, str]) -> float | None:
     kind, key = source
     if kind == "heldout":
@@ -141,6 +242,87 @@ def summarize(seeds: list[dict]) -> dict[str, dict[str, dict]]:
             for label in arm_labels(seeds)}
 
 
+def start_weight_problem(seed: dict) -> str | None:
+    """Why a seed's arms may not share their starting weights (digests differ or are missing), or
+    None: a paired difference means something only if every arm started from the same weights."""
+    digests = {label: arm.get("start_weights") for label, arm in seed["arms"].items()}
+    missing = [label for label, d in digests.items() if not d]
+    if len(set(d for d in digests.values() if d)) > 1:
+        return "its arms' start weights differ (" + ", ".join(f"{a} {d}" for a, d in digests.items()) + ")"
+    if missing:
+        return "start weights not recorded for " + ", ".join(missing)
+    return None
+
+
+def paired_differences(seeds: list[dict], baseline: str = BASELINE) -> dict[str, dict[str, dict]]:
+    """arm -> held-out key -> :func:`stats` of (arm - ``baseline``) over the seeds that ran both
+    and logged the key: the seed's own draws (questions, warm-up) are in both arms and cancel."""
+    out: dict[str, dict[str, dict]] = {}
+    for label in arm_labels(seeds):
+        if label == baseline:
+            continue
+        out[label] = {}
+        for key, _ in PAIRED:
+            diffs = []
+            for s in seeds:
+                if label not in s["arms"] or baseline not in s["arms"]:
+                    continue
+                a, b = _value(s, label, ("heldout", key)), _value(s, baseline, ("heldout", key))
+                if _finite([a]) and _finite([b]):
+                    diffs.append(float(a) - float(b))
+            out[label][key] = stats(diffs)
+    return out
+
+
+def strata_summary(seeds: list[dict]) -> dict[str, dict]:
+    """stratum -> ``share`` and ``em``: :func:`stats` over the seeds with a strata check (a stratum
+    a seed's check did not see has share 0 and no EM there), and the pooled trajectories ``n``,
+    successes ``wins`` and ``em`` (wins / n). Strata no seed saw are left out."""
+    checks = [s["strata_warmup"] for s in seeds if isinstance(s.get("strata_warmup"), dict)]
+    out: dict[str, dict] = {}
+    for name in STRATA:
+        rows = [(c.get("strata") or {}).get(name) for c in checks]
+        if not any(rows):
+            continue
+        n = sum(int(r["n"]) for r in rows if r)
+        wins = sum(round(float(r["em"]) * int(r["n"])) for r in rows if r)
+        out[name] = {"share": stats([float(r["share"]) if r else 0.0 for r in rows]),
+                     "em": stats([r["em"] for r in rows if r]), "n": n, "wins": wins,
+                     "em_pooled": wins / n if n else math.nan}
+    return out
+
+
+def ls_slope(xs: list[float], ys: list[float]) -> float:
+    """The least-squares slope of ys on xs (numpy.polyfit's degree-1 coefficient)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+def settled(seeds: list[dict], key: str = SETTLE_KEY, window: int = SETTLE_STEPS) -> dict[str, dict]:
+    """arm -> the training ``key`` at each of the last ``window`` steps (``last``: the mean over
+    seeds at each position, the last step last), ``slope``: :func:`stats` of each seed's
+    least-squares slope over those steps (per step), ``steps``: the seeds' step numbers, ``short``:
+    folders with fewer steps (left out). A slope whose interval holds 0 is a curve that has
+    stopped moving, as far as these seeds can tell."""
+    out: dict[str, dict] = {}
+    for label in arm_labels(seeds):
+        tails, short = [], []
+        for s in seeds:
+            if label not in s["arms"]:
+                continue
+            rows = [r for r in s["steps"].get(label, []) if _finite([r.get(key)])]
+            if len(rows) < window:
+                short.append(s["folder"])
+                continue
+            tails.append(rows[-window:])
+        last = [statistics.fmean(float(t[i][key]) for t in tails) if tails else math.nan for i in range(window)]
+        slopes = [ls_slope([float(r["step"]) for r in t], [float(r[key]) for r in t]) for t in tails]
+        out[label] = {"last": last, "slope": stats(slopes), "short": short,
+                      "steps": sorted({tuple(r["step"] for r in t) for t in tails})}
+    return out
+
+
 def step_times(seeds: list[dict]) -> dict[tuple[str, str], dict[str, dict]]:
     """(session, device) -> arm -> stats of each seed's mean seconds per training step."""
     out: dict[tuple[str, str], dict[str, dict]] = {}
@@ -152,42 +334,130 @@ def step_times(seeds: list[dict]) -> dict[tuple[str, str], dict[str, dict]]:
     return {k: {label: stats(v) for label, v in arms.items()} for k, arms in out.items()}
 
 
-def _cell(s: dict) -> str:
+# ---------------------------------------------------------------------------------------- text
+
+
+def _cell(s: dict, digits: int = 3) -> str:
     if s["n"] == 0:
         return "-"
     if s["n"] == 1:
-        return f"{s['mean']:.3f}"
-    return f"{s['mean']:.3f} ± {s['std']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]"
+        return f"{s['mean']:.{digits}f}"
+    d = digits
+    return f"{s['mean']:.{d}f} ± {s['std']:.{d}f} [{s['lo']:.{d}f}, {s['hi']:.{d}f}]"
 
 
-def report_table(seeds: list[dict]) -> str:
-    """The markdown the report writes: the arms' table and the per-session step times."""
+def arms_table(seeds: list[dict]) -> str:
+    """The held-out table: the warm-up row (where every arm starts), then each arm after RL."""
     summary = summarize(seeds)
-    # where every arm starts: the seeds' held-out numbers after the warm-up (no RL step yet)
     warm = {col: stats([(s.get("after_warmup") or {}).get(src[1]) for s in seeds]) if src[0] == "heldout" else None
             for col, src in COLUMNS}
     rows = [["after warm-up (start)", max(c["n"] for c in warm.values() if c), *(_cell(c) if c else "-"
                                                                                 for c in warm.values())]]
     rows += [[label, max(c["n"] for c in cols.values()), *(_cell(cols[c]) for c, _ in COLUMNS)]
              for label, cols in summary.items()]
-    head = format_table(["arm (held-out after RL)", "seeds", *(c for c, _ in COLUMNS)], rows)
+    return format_table(["arm (held-out after RL)", "seeds", *(c for c, _ in COLUMNS)], rows)
+
+
+def paired_section(seeds: list[dict]) -> list[str]:
+    """The paired differences' table, and a line per seed whose arms' start weights are in doubt."""
+    diffs = paired_differences(seeds)
+    if not diffs or all(BASELINE not in s["arms"] for s in seeds):
+        return [f"Paired differences: no {BASELINE} arm and another in the same seed."]
+    rows = []
+    for label, by_key in diffs.items():
+        n = max(st["n"] for st in by_key.values())
+        rows.append([f"{label} - {BASELINE}", n, *(_cell(by_key[k]) + ("" if by_key[k]["n"] in (0, n) else
+                                                                         f" (n {by_key[k]['n']})") for k, _ in PAIRED)])
+    flags = [f"- flagged: seed {s['seed']} ({s['folder']}): {p}; its differences are in the table, but not from "
+             "one verified start" for s in seeds if (p := start_weight_problem(s))]
+    return [f"Paired differences on held-out after RL, per seed arm minus {BASELINE} (every arm of a seed starts "
+            "from the same warm-up weights, start_weights); over seeds: mean ± sample std [95 % t-interval]:", "",
+            format_table(["arm - GRPO (held-out)", "seeds", *(c for _, c in PAIRED)], rows),
+            *([""] + flags if flags else [])]
+
+
+def strata_section(seeds: list[dict]) -> list[str]:
+    """The strata after the warm-up: over seeds and pooled, then each seed's own."""
+    summary = strata_summary(seeds)
+    checked = [s for s in seeds if isinstance(s.get("strata_warmup"), dict)]
+    if not summary:
+        return ["Strata after the warm-up: no seed made a strata check (--strata-check 0)."]
+    rows = [[f"{name} search{'es' if name != '1' else ''}", v["share"]["n"], _cell(v["share"]), _cell(v["em"]),
+             v["n"], f"{v['em_pooled']:.3f} ({v['wins']}/{v['n']})"] for name, v in summary.items()]
+    per_seed = []
+    for s in checked:
+        check = s["strata_warmup"]
+        found = check.get("strata") or {}
+        cells = [f"{found[k]['em']:.2f} (n {found[k]['n']})" if k in found else "-" for k in summary]
+        drawn = f"{check.get('questions', '?')} x {check.get('samples_per_question', '?')}"
+        per_seed.append([s["folder"], drawn, *cells])
+    return [f"Strata after the warm-up (sampled trajectories on held-out two-hop questions, by search count; "
+            f"{len(checked)} of {len(seeds)} seed(s) made the check). Share and EM: mean over seeds ± std "
+            "[95 % t-interval] (EM over the seeds whose check saw the stratum); pooled: all seeds' trajectories:", "",
+            format_table(["stratum", "seeds", "share", "EM", "pooled n", "pooled EM"], rows), "",
+            "Each seed's strata (EM, trajectories):", "",
+            format_table(["seed folder", "questions x samples", *(r[0] for r in rows)], per_seed)]
+
+
+def settled_section(seeds: list[dict]) -> list[str]:
+    """Whether the search count has stopped moving: the last steps and the slope over them."""
+    result = settled(seeds)
+    heads = ["arm", "seeds", *(f"step last-{SETTLE_STEPS - 1 - i}" if i < SETTLE_STEPS - 1 else "last step"
+                               for i in range(SETTLE_STEPS)), "slope per step"]
+    rows = [[label, r["slope"]["n"], *(f"{v:.3f}" if not math.isnan(v) else "-" for v in r["last"]),
+             _cell(r["slope"], 4)] for label, r in result.items()]
+    spans = sorted({f"{t[0]}-{t[-1]}" for r in result.values() for t in r["steps"]})
+    short = sorted({f for r in result.values() for f in r["short"]})
+    return [f"Has the search count settled? Training {SETTLE_KEY} (searches per question) at each seed's last "
+            f"{SETTLE_STEPS} steps (steps {', '.join(spans) or '-'}), mean over seeds, and each seed's least-squares "
+            f"slope over them (searches per question per step): mean ± std [95 % t-interval]; an interval around 0 "
+            "is a flat curve:", "", format_table(heads, rows),
+            *(["", f"(left out: fewer than {SETTLE_STEPS} steps: {', '.join(short)})"] if short else [])]
+
+
+def times_section(seeds: list[dict]) -> list[str]:
+    """Seconds per training step per session (they compare only within a session)."""
     times = step_times(seeds)
     trows = [[session, device, label, s["n"], _cell(s)] for (session, device), arms in sorted(times.items())
              for label, s in arms.items()]
-    sessions = sorted({(s["session"], s["device"]) for s in seeds})
+    return ["Seconds per training step (each seed's mean; compare arms within a session only):", "",
+            format_table(["session", "device", "arm", "seeds", "s/step"], trows) if trows else "(no step times)"]
+
+
+def group_section(group: Group) -> str:
+    """One group's markdown section: heading, settings, and every table of it, its figure."""
+    seeds = group.seeds
+    sessions = sorted({s["session"] for s in seeds})
     by_seed: dict[int, list[str]] = {}
     for s in seeds:
         by_seed.setdefault(s["seed"], []).append(s["folder"])
     # a seed run twice shares its warm-up data and draws: not two independent samples
     repeats = [f"note: seed {k} is in {len(f)} folders ({', '.join(f)}): repeated seeds are not independent draws; "
-               "give a session new seeds (gpu_vllm_run.sh's default)" for k, f in sorted(by_seed.items()) if len(f) > 1]
-    text = [f"{len(seeds)} seed folder(s) from {len(sessions)} session(s): "
-            + ", ".join(f"{a} ({b})" for a, b in sessions) + ".",
+               "give a session new seeds" for k, f in sorted(by_seed.items()) if len(f) > 1]
+    arm_flags = [f"note: {s['folder']}: arm {label} ran with other settings: "
+                 + ", ".join(f"{k} {_fmt(v)}" for k, v in arm["settings_differ"].items())
+                 for s in seeds for label, arm in s["arms"].items() if arm.get("settings_differ")]
+    text = [f"## {group.title}", "", settings_line(group.settings),
+            *([differs_line(group)] if group.differs else []), "",
+            f"{len(seeds)} seed folder(s) from {len(sessions)} session(s): {', '.join(sessions)}. "
+            f"Seeds: {', '.join(str(s['seed']) for s in seeds)}.",
             "Cells: mean over seeds ± sample std [95 % t-interval of the mean]; one seed: the value alone.",
-            *repeats, "",
-            head, "", "Seconds per training step (each seed's mean; compare arms within a session only):", "",
-            format_table(["session", "device", "arm", "seeds", "s/step"], trows) if trows else "(no step times)"]
+            *repeats, *arm_flags, "", arms_table(seeds), "", *paired_section(seeds), "", *strata_section(seeds), "",
+            *settled_section(seeds), "", *times_section(seeds), "", f"![{group.title}]({group.figure_name})"]
     return "\n".join(text)
+
+
+def report_table(seeds: list[dict], groups: list[Group] | None = None) -> str:
+    """The markdown the report writes: a list of the groups and their figures, then one section
+    per group (nothing pooled across them)."""
+    groups = groups if groups is not None else group_seeds(seeds)
+    index = [f"- {g.title}: `{g.figure_name}`" for g in groups]
+    head = [f"{len(seeds)} seed folder(s) in {len(groups)} table(s): one per regime, device and settings, never "
+            "pooled across. Figures:", *index]
+    return "\n\n".join(["\n".join(head), *(group_section(g) for g in groups)])
+
+
+# ---------------------------------------------------------------------------------------- figure
 
 
 def _band(seeds: list[dict], label: str, key: str) -> tuple[list[int], list[float], list[float]]:
@@ -203,75 +473,102 @@ def _band(seeds: list[dict], label: str, key: str) -> tuple[list[int], list[floa
     return steps, means, stds
 
 
-def plot(seeds: list[dict], path: Path) -> Path:
-    """Figure 1 of the paper, our way: three training curves and the mechanism panel."""
+def _draw(ax, seeds: list[dict], label: str, key: str, color: str, style: str = "-", alpha: float = 0.15) -> bool:
+    """One arm's mean curve of ``key`` with a ± one std band; False where no seed logged it."""
+    steps, means, stds = _band(seeds, label, key)
+    if not steps:
+        return False
+    ax.plot(steps, means, style, color=color, lw=1.4)
+    ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
+                    color=color, alpha=alpha, lw=0)
+    return True
+
+
+def plot(seeds: list[dict], path: Path, title: str | None = None) -> Path:
+    """Figure 1 of the paper, our way, for one group: three training curves, the mechanism (the net
+    advantage mass of the 1- and 2-search strata) and those strata's mean reward; 880 px wide, so
+    GitHub shows it unscaled and its >= 8 pt fonts stay legible."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     labels = arm_labels(seeds)
-    fig, axes = plt.subplots(1, len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 3.6))
     colors = {label: f"C{i}" for i, label in enumerate(labels)}
-    for ax, (key, title) in zip(axes, CURVES):
-        for label in labels:
-            steps, means, stds = _band(seeds, label, key)
-            if steps:
-                ax.plot(steps, means, label=label, color=colors[label], lw=1.4)
-                ax.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
-                                color=colors[label], alpha=0.15)
-        ax.set_title(title, fontsize=9)
-    mech = axes[-1]
-    drawn = False
-    for label in labels:
-        for k, style in ((1, "-"), (2, "--")):
-            steps, means, stds = _band(seeds, label, f"sgrpo/stratum{k}/adv_mass")
-            if steps:
-                drawn = True
-                mech.plot(steps, means, style, color=colors[label], lw=1.2, label=f"{label}, {k} search(es)")
-                mech.fill_between(steps, [m - d for m, d in zip(means, stds)], [m + d for m, d in zip(means, stds)],
-                                  color=colors[label], alpha=0.1)
-    mech.set_title("net advantage mass: 1-search (solid), 2-search (dashed)", fontsize=9)
-    if drawn:
-        mech.axhline(0.0, color="grey", lw=0.6)
-        mech.legend(fontsize=6)
-    else:
-        mech.text(0.5, 0.5, "no sgrpo/stratum{k}/adv_mass\nin these seeds", ha="center", va="center",
-                  transform=mech.transAxes, fontsize=8)
-    for ax in axes:
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"GRPO vs Stratified GRPO: {len(seeds)} seed(s), mean ± std over seeds", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with plt.rc_context({"font.size": FONT_PT, "axes.titlesize": FONT_PT + 1, "axes.labelsize": FONT_PT,
+                         "xtick.labelsize": FONT_PT, "ytick.labelsize": FONT_PT, "legend.fontsize": FONT_PT}):
+        fig, grid = plt.subplots(2, 3, figsize=(FIG_WIDTH_IN, 6.2))
+        axes = list(grid.flat)
+        for ax, (key, name) in zip(axes, CURVES):
+            for label in labels:
+                _draw(ax, seeds, label, key, colors[label])
+            ax.set_title(name)
+        for ax, key, name in ((axes[3], "adv_mass", "net advantage mass"), (axes[4], "reward", "mean reward")):
+            drawn = False
+            for label in labels:
+                for k, style in ((1, "-"), (2, "--")):
+                    drawn |= _draw(ax, seeds, label, f"sgrpo/stratum{k}/{key}", colors[label], style, alpha=0.08)
+            ax.set_title(f"{name} by stratum\n1 search solid, 2 dashed")
+            if not drawn:
+                ax.text(0.5, 0.5, f"no sgrpo/stratum{{k}}/{key}\nin these seeds", ha="center", va="center",
+                        transform=ax.transAxes)
+            elif key == "adv_mass":
+                ax.axhline(0.0, color="grey", lw=0.6)
+        for ax in axes[:5]:
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        legend = axes[5]
+        legend.axis("off")
+        handles = [Line2D([], [], color=colors[label], lw=2) for label in labels]
+        handles += [Line2D([], [], color="black", ls="-"), Line2D([], [], color="black", ls="--")]
+        legend.legend(handles, [*labels, "1-search stratum", "2-search stratum"], loc="center", frameon=False,
+                      title="mean ± std over seeds")
+        fig.suptitle(f"{title or f'{len(seeds)} seed(s)'}: training curves", fontsize=FONT_PT + 2)
+        fig.tight_layout()
+        fig.savefig(path, dpi=FIG_DPI)
+        plt.close(fig)
     return path
 
 
 def write_report(results: Path, out: Path) -> tuple[Path, Path]:
-    """``out/table.md`` and ``out/figure.png`` from every seed folder under ``results``."""
+    """``out/table.md`` and one ``out/figure_<regime>_<device>[_<k>].png`` per group from every
+    seed folder under ``results``; returns (table, the first group's figure)."""
+    table, figures = write_report_all(results, out)
+    return table, figures[0]
+
+
+def write_report_all(results: Path, out: Path) -> tuple[Path, list[Path]]:
+    """:func:`write_report`, returning every figure. Figures of groups that no longer exist are
+    not deleted (the folder may hold others' files): they are named on stderr."""
     seeds = read_seeds(results)
+    groups = group_seeds(seeds)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    figures = [plot(g.seeds, out / g.figure_name, g.title) for g in groups]
+    written = {f.name for f in figures}
+    stale = sorted(p.name for p in out.glob("figure_*.png") if p.name not in written)
     table = out / "table.md"
     table.write_text("<!-- written by python -m openrlhf_sgrpo.demo.study_report; do not edit -->\n"
-                     + report_table(seeds) + "\n")
-    return table, plot(seeds, out / "figure.png")
+                     + report_table(seeds, groups) + "\n")
+    if stale:
+        print(f"note: {out} also holds {', '.join(stale)}, not written by this report (a group that is gone?)",
+              file=sys.stderr)
+    return table, figures
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m openrlhf_sgrpo.demo.study_report", description=__doc__.splitlines()[0])
     p.add_argument("--results", required=True, help="folder of seed folders (e.g. docs/study/seeds)")
-    p.add_argument("--out", required=True, help="where table.md and figure.png go (e.g. docs/study)")
+    p.add_argument("--out", required=True, help="where table.md and the figures go (e.g. docs/study)")
     args = p.parse_args(argv)
     try:
-        table, figure = write_report(Path(args.results), Path(args.out))
+        table, figures = write_report_all(Path(args.results), Path(args.out))
     except SeedFolderError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(table.read_text())
-    print(f"wrote {table} and {figure}")
+    print(f"wrote {table} and {', '.join(str(f) for f in figures)}")
     return 0
 
 

@@ -6,8 +6,12 @@ held-out table after RL, plus where the numbers come from (device, versions, com
 seed folder (``<session>_<device>_seed<k>/``) holds exactly that in two files:
 
 - ``seed.json``: ``schema``, ``session``, ``device``, ``seed``, ``commit``, ``argv``,
-  ``environment``, ``after_warmup`` (held-out) and ``arms``: label -> ``{dir, estimator, alpha,
-  stratify_by, heldout}`` (held-out after RL);
+  ``environment``, ``regime`` (the demo's ``--task``: ``search`` or ``trap``), ``settings`` (the
+  demo flags that define the comparison, :data:`SETTINGS`, typed back from the run's
+  ``args.json``), ``after_warmup`` (held-out), ``strata_warmup`` (the sampled strata check after
+  the warm-up: ``strata``, ``questions``, ``samples_per_question``; null where the run made none)
+  and ``arms``: label -> ``{dir, estimator, alpha, stratify_by, start_weights, heldout, steps}``
+  (held-out after RL; ``settings_differ`` where an arm's own run folder had other settings);
 - ``steps.jsonl``: one line per (arm, step): ``arm``, ``step``, ``wall_s`` (seconds since the
   previous step, or since the arm started) and the :data:`STEP_KEYS` and ``sgrpo/stratum*`` keys
   the step logged.
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from openrlhf_sgrpo.local.step_log import read_step_log
 
-SCHEMA = 1
+SCHEMA = 2  # 2: regime, settings and strata_warmup (1 had none of them; the report refuses it)
 # held-out keys kept per arm (demo/hops.py's names)
 HELDOUT_KEYS = ("em", "f1", "hop1/em", "hop2/em", "hop2/f1", "search_calls", "hop1/search_calls",
                 "hop2/search_calls", "hop2/two_search_share", "answered", "n")
@@ -36,6 +40,75 @@ HELDOUT_KEYS = ("em", "f1", "hop1/em", "hop2/em", "hop2/f1", "search_calls", "ho
 STEP_KEYS = ("reward", "em", "search_calls", "answered", "hop1/em", "hop2/em", "hop1/search_calls",
              "hop2/search_calls", "hop2/two_search_share", "sgrpo/strata_per_prompt", "time/update_s")
 STRATUM_KEY = re.compile(r"^sgrpo/stratum(\d+(?:plus)?)/")  # stratum0 .. stratum4plus (mechanism.py)
+
+
+# the demo flags (args.json's keys) that define a comparison, each with the type args.json's string
+# is read back as: seeds whose settings differ are never pooled (study_report.py)
+SETTINGS: dict[str, type] = {
+    "task": str, "model": str, "engine": str, "steps": int, "prompts_per_step": int, "n_samples": int,
+    "micro_batch_size": int, "train_batch_size": int, "max_epochs": int, "lr": float, "reward": str,
+    "temperature": float, "warmup_steps": int, "warmup_lr": float, "demos": int, "train_pairs": int,
+    "heldout": int, "task_seed": int, "max_turns": int, "max_len": int, "max_tokens_per_turn": int,
+    "max_obs_tokens": int, "kl_coef": float, "sapo": bool, "calibadv": bool, "shared_prefix": bool,
+    "gradient_checkpointing": bool, "strata_check": int,
+}
+DEFAULT_REGIME = "search"  # run folders from before --task have no "task": the search-necessary task
+STRATA_KEYS = ("strata", "questions", "samples_per_question")  # kept of the strata_check record
+
+
+class SeedExportError(ValueError):
+    """A run folder that cannot become a seed folder; the message names the folder."""
+
+
+def _typed(folder: Path, key: str, text, kind: type):
+    """One args.json value (the demo writes ``str(value)``) as ``kind``; None stays None."""
+    if text is None or text == "None":
+        return None
+    try:
+        if kind is bool:
+            if str(text) not in ("True", "False"):
+                raise ValueError(text)
+            return str(text) == "True"
+        return kind(text)
+    except ValueError:
+        article = "an" if kind is int else "a"
+        raise SeedExportError(f"run folder {folder}: args.json's {key!r} is {text!r}, "
+                              f"not {article} {kind.__name__}") from None
+
+
+def read_args(folder: Path) -> dict:
+    """The run's ``args.json`` (every demo flag as a string); a missing or unreadable one is an
+    error naming the folder: without it a seed's settings, hence its table, are unknown."""
+    path = Path(folder) / "args.json"
+    try:
+        args = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SeedExportError(f"run folder {folder}: args.json is missing (the demo writes it first)") from None
+    except ValueError as err:
+        raise SeedExportError(f"run folder {folder}: args.json is not JSON ({err})") from None
+    if not isinstance(args, dict):
+        raise SeedExportError(f"run folder {folder}: args.json is not an object")
+    return args
+
+
+def run_settings(folder: Path, args: dict) -> dict:
+    """:data:`SETTINGS` typed back from ``args``; a flag the run's demo did not have yet is None
+    (``task``: :data:`DEFAULT_REGIME`), so such a seed lands in a table of its own."""
+    settings = {key: _typed(folder, key, args.get(key), kind) for key, kind in SETTINGS.items()}
+    if settings["task"] is None:
+        settings["task"] = DEFAULT_REGIME
+    return settings
+
+
+def _strata_warmup(records: list[dict]) -> dict | None:
+    """The last ``strata_check`` record's strata, questions and samples per question, or None."""
+    check = _last(records, "strata_check")
+    if check is None or not isinstance(check.get("strata"), dict):
+        return None
+    out = {k: check[k] for k in STRATA_KEYS if k in check}
+    out["strata"] = {s: {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+                     for s, row in check["strata"].items()}
+    return out
 
 
 def _last(records: list[dict], phase: str) -> dict | None:
@@ -70,7 +143,9 @@ def load_seed_run(folder: Path, arms: str, arm_runs: list[Path] | None = None) -
     folder = Path(folder)
     run_records = read_step_log(folder / "metrics.jsonl")
     warm = _last(run_records, "eval_warmup")
-    result: dict = {"after_warmup": warm, "arms": {}, "steps": {}, "arm_meta": {}}
+    settings = run_settings(folder, read_args(folder))
+    result: dict = {"after_warmup": warm, "strata_warmup": _strata_warmup(run_records), "settings": settings,
+                    "arms": {}, "steps": {}, "arm_meta": {}}
     for i, arm in enumerate(arms_for(argparse.Namespace(out=folder, arms=arms))):
         arm_dir = (Path(arm_runs[i]) / arm.dir.name) if arm_runs else arm.dir
         records = read_step_log(arm_dir / "metrics.jsonl")
@@ -79,6 +154,11 @@ def load_seed_run(folder: Path, arms: str, arm_runs: list[Path] | None = None) -
         start = _last(records, "arm_start") or {}
         result["arm_meta"][arm.label] = {"dir": arm.dir.name, "estimator": arm.estimator, "alpha": arm.alpha,
                                          "stratify_by": arm.stratify_by, "start_weights": start.get("weights")}
+        if arm_runs and Path(arm_runs[i]) != folder:  # its own process: were its flags the seed's?
+            own = run_settings(Path(arm_runs[i]), read_args(Path(arm_runs[i])))
+            differ = {k: v for k, v in own.items() if v != settings[k]}
+            if differ:
+                result["arm_meta"][arm.label]["settings_differ"] = differ
     return result
 
 
@@ -113,7 +193,8 @@ def device_tag(env: dict) -> str:
 def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: str, argv: list[str],
                 commit: str | None = None, arm_runs: list[Path] | None = None) -> Path:
     """Write ``dest_root/<session>_<device>_seed<k>/{seed.json,steps.jsonl}`` from a seed's run
-    folder (and its arms' own run folders, ``arm_runs``, where they ran as processes of their own)."""
+    folder (and its arms' own run folders, ``arm_runs``, where they ran as processes of their own);
+    SeedExportError naming the folder where its ``args.json`` is missing or bad."""
     folder = Path(folder)
     env_path = folder / "environment.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
@@ -123,7 +204,8 @@ def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: st
     meta = {
         "schema": SCHEMA, "session": session, "device": env.get("device", "unknown"), "seed": seed,
         "commit": commit or git_commit(), "argv": argv, "environment": env,
-        "after_warmup": _pick(run["after_warmup"], HELDOUT_KEYS),
+        "regime": run["settings"]["task"], "settings": run["settings"],
+        "after_warmup": _pick(run["after_warmup"], HELDOUT_KEYS), "strata_warmup": run["strata_warmup"],
         "arms": {label: {**run["arm_meta"][label], "heldout": _pick(after, HELDOUT_KEYS),
                          "steps": len(run["steps"][label])}
                  for label, after in run["arms"].items()},
