@@ -40,12 +40,11 @@ def user(tmp_path_factory):
         u.checkout = u.copy_checkout()
         # The real Qwen2 vocabulary comes from a PyPI sdist once per cache; hand the user this
         # machine's copy instead of a second download (everything else the smoke builds itself).
-        vocab = cache_dir() / "qwen2-vocab"
-        if vocab.is_dir():
-            dest = u.home / ".cache" / "openrlhf-sgrpo" / "qwen2-vocab"
-            shutil.copytree(vocab, dest)
-            for p in [u.home / ".cache", *(u.home / ".cache").rglob("*")]:
-                os.chown(p, u.uid, u.gid)
+        for name in ("qwen2-vocab", "qwen2-tokenizer"):
+            if (cache_dir() / name).is_dir():
+                shutil.copytree(cache_dir() / name, u.home / ".cache" / "openrlhf-sgrpo" / name)
+        for p in [u.home / ".cache", *(u.home / ".cache").rglob("*")] if (u.home / ".cache").exists() else []:
+            os.chown(p, u.uid, u.gid)
         yield u
     finally:
         u.remove()
@@ -133,3 +132,16 @@ def test_local_sandbox_as_a_user_without_root(user):
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
+def test_gaia_eval_without_root_names_the_flags_that_get_a_sandbox(user):
+    """GAIA's <code> needs a sandbox, and the local one will not serve without root (no memory
+    limit): the evaluation says so and names the flags that get one, instead of a traceback."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    proc = user.run([python, "-m", "openrlhf_sgrpo.eval", "--gaia", "tests/fixtures/gaia/metadata.jsonl",
+                     "--model", "tiny-qwen2", "--engine", "hf", "--retriever-url", "http://127.0.0.1:9/retrieve",
+                     "--limit", "1", "--out", str(user.home / "gaia")], user.checkout, 900, HF_HUB_OFFLINE="1")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "memory_limit" in proc.stderr and "--sandbox-url" in proc.stderr and "--no-sandbox" in proc.stderr
+    assert "Traceback" not in proc.stderr

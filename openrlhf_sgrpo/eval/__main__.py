@@ -228,10 +228,22 @@ def dry_run(args: argparse.Namespace, datasets: dict[str, list[Question]], gaia_
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from sandbox.process import SandboxStartError
+
     try:
         run(args)
     except (DataError, ConfigError, FileNotFoundError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except SandboxStartError as err:
+        if not err.environment_missing:
+            raise
+        # GAIA's <code> needs a sandbox; the local one refuses weaker isolation (above: why). Without
+        # root that is its memory limit, which needs a cgroup the user may write.
+        print(f"error: the local code sandbox did not start ({err}); its reason is printed above. Pass "
+              "--sandbox-url URL of a sandbox you run (e.g. python -m sandbox.serve --backend local --port 8080 "
+              "--allow-weaker-isolation, or the compose stack's), or --no-sandbox to answer <code> with an "
+              "error observation", file=sys.stderr)
         return 2
     return 0
 
