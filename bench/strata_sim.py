@@ -19,6 +19,16 @@ GRPO must learn the same thing. Prints a table (final reward, searches per quest
 each method's final reward to GRPO's in the same run) and writes PNG plots.
 
     python bench/strata_sim.py [--steps 300 --seeds 8 --out docs/img]
+
+A third environment, ``measured``, takes its laws from the LLM study's seeds (issue #56, item 4):
+``--from-seeds docs/study/seeds --regime trap`` pools the strata the seeds measured after the
+warm-up (``strata_warmup`` in seed.json: each search count's share and EM on held-out two-hop
+questions) and starts the simulated policy there, with the demo task's structure: one search pays
+at most ``--one-search-ceiling`` (the trap's shortcut: right for half of the people; 0 on the
+search-necessary task), two searches pay ``read * bridge`` (one learned query, the second; the
+first query of the demo's task is always the person), no search pays its measured EM. Methods
+are the LLM study's arms (GRPO, SGRPO alpha 0.8, random strata alpha 0.8, SAN alone), so its
+curves go beside the seeds' (docs/study.md).
 """
 
 from __future__ import annotations
@@ -62,7 +72,23 @@ class SimConfig:
     prompts: int = 16
     samples: int = 8
     lr: float = 0.5
-    env: str = "structured"  # or "equal"
+    env: str = "structured"  # or "equal", or "measured" (laws and start from the LLM's strata: Measured)
+    measured: "Measured | None" = None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The measured environment's laws and starting policy (from the study's seeds)."""
+
+    shares: tuple[float, float, float]  # P(0, 1, 2 searches) at the start
+    p_zero: float  # EM of answering without a search (fixed)
+    one_ceiling: float  # the most one search can pay (the shortcut's share)
+    init_read: float  # reading skill at the start: one search's EM / its ceiling
+    init_bridge: float  # second-query skill at the start: two searches' EM / read
+
+
+STUDY_METHODS = (Method("GRPO", 0.0), Method("SGRPO a=0.8", 0.8), Method("random strata a=0.8", 0.8, True),
+                 Method("SAN a=1.0", 1.0))
 
 
 def _logit(p: float) -> float:
@@ -73,9 +99,13 @@ def simulate(cfg: SimConfig, methods=DEFAULT_METHODS, seed: int = 0, progress: b
     """Train every (method, seed) policy; return per-step curves [M, S, steps] as tensors."""
     g = torch.Generator().manual_seed(seed)
     m, s, q, n = len(methods), cfg.seeds, cfg.prompts, cfg.samples
-    phi = torch.zeros(m, s, NUM_STRATA, requires_grad=True)  # search-count logits (uniform start)
-    theta_read = torch.full((m, s), _logit(INIT_READ), requires_grad=True)
-    theta_query = torch.full((m, s), _logit(INIT_QUERY), requires_grad=True)
+    meas = cfg.measured
+    if (cfg.env == "measured") != (meas is not None):
+        raise ValueError("env 'measured' needs SimConfig.measured, and only it takes one")
+    start = torch.tensor(meas.shares).clamp_min(1e-3).log() if meas else torch.zeros(NUM_STRATA)
+    phi = start.expand(m, s, NUM_STRATA).clone().requires_grad_(True)  # search-count logits (uniform by default)
+    theta_read = torch.full((m, s), _logit(meas.init_read if meas else INIT_READ), requires_grad=True)
+    theta_query = torch.full((m, s), _logit(meas.init_bridge if meas else INIT_QUERY), requires_grad=True)
     opt = torch.optim.SGD([phi, theta_read, theta_query], lr=cfg.lr)
     alpha = torch.tensor([mt.alpha for mt in methods]).view(m, 1, 1, 1)
     random_strata = torch.tensor([mt.random_strata for mt in methods]).view(m, 1, 1, 1)
@@ -93,11 +123,16 @@ def simulate(cfg: SimConfig, methods=DEFAULT_METHODS, seed: int = 0, progress: b
         q1 = torch.rand(shape, generator=g) < query_p.detach()
         q2 = torch.rand(shape, generator=g) < query_p.detach()
         env_u = torch.rand(shape, generator=g)
-        reward = _reward(cfg.env, k, read_ok, q1 & q2, env_u)
+        if cfg.env == "measured":  # one learned query (the bridge), on two-search rollouts only
+            reward = _measured_reward(meas, k, read_ok, q1, env_u)
+            n_queries = (k == 2).long()
+            q2 = torch.ones_like(q1)
+        else:
+            reward = _reward(cfg.env, k, read_ok, q1 & q2, env_u)
+            n_queries = k.clamp_max(2) if cfg.env == "structured" else torch.zeros_like(k)
         # log-prob of every policy "token" the rollout emitted (queries only when it searched)
         logp = logp_k.gather(-1, k.view(m, s, -1)).view(shape)
-        logp = logp + _bernoulli_logp(read_p, read_ok) * (k > 0 if cfg.env == "structured" else 1)
-        n_queries = k.clamp_max(2) if cfg.env == "structured" else torch.zeros_like(k)
+        logp = logp + _bernoulli_logp(read_p, read_ok) * (k > 0 if cfg.env != "equal" else 1)
         logp = logp + _bernoulli_logp(query_p, q1) * (n_queries >= 1) + _bernoulli_logp(query_p, q2) * (n_queries >= 2)
         strata = torch.where(random_strata, torch.randint(0, NUM_STRATA, shape, generator=g), k)
         adv = _advantages(reward, strata, alpha, n)
@@ -123,6 +158,42 @@ def _reward(env: str, k: torch.Tensor, read_ok: torch.Tensor, queries_ok: torch.
     one = (u < P_ONE_HOP) & read_ok
     two = (u < P_TWO_HOP) & read_ok & queries_ok
     return torch.where(k == 0, zero, torch.where(k == 1, one, two)).float()
+
+
+def _measured_reward(meas: Measured, k: torch.Tensor, read_ok: torch.Tensor, bridge_ok: torch.Tensor,
+                     u: torch.Tensor) -> torch.Tensor:
+    zero = u < meas.p_zero
+    one = (u < meas.one_ceiling) & read_ok
+    two = read_ok & bridge_ok
+    return torch.where(k == 0, zero, torch.where(k == 1, one, two)).float()
+
+
+def measured_from_seeds(folder: Path, regime: str, one_ceiling: float) -> tuple[Measured, dict]:
+    """Pool the strata the study's seeds of ``regime`` measured after the warm-up (counts, not
+    means of shares: every sampled trajectory weighs the same) into the measured laws; also
+    returns what was pooled (seeds, counts per stratum)."""
+    counts = {k: [0, 0] for k in ("0", "1", "2")}  # stratum -> [trajectories, EM 1]
+    seeds = []
+    for meta_path in sorted(Path(folder).glob("*/seed.json")):
+        import json
+
+        meta = json.loads(meta_path.read_text())
+        check = meta.get("strata_warmup")
+        if meta.get("regime") != regime or not check:
+            continue
+        seeds.append(meta_path.parent.name)
+        for key, v in check["strata"].items():
+            slot = counts["2" if key in ("2", "3plus") else key]
+            slot[0] += int(v["n"])
+            slot[1] += round(v["em"] * v["n"])
+    total = sum(n for n, _ in counts.values())
+    if not seeds or total == 0:
+        raise ValueError(f"no seed of regime {regime!r} with a strata check under {folder}")
+    em = {k: (w / n if n else 0.0) for k, (n, w) in counts.items()}
+    read = min(max(em["1"] / one_ceiling if one_ceiling > 0 else 0.9, 0.05), 0.99)
+    bridge = min(max(em["2"] / read, 0.02), 0.99)
+    shares = tuple(counts[k][0] / total for k in ("0", "1", "2"))
+    return Measured(shares, em["0"], one_ceiling, read, bridge), {"seeds": seeds, "counts": counts}
 
 
 def _bernoulli_logp(p: torch.Tensor, outcome: torch.Tensor) -> torch.Tensor:
@@ -205,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--out", type=Path, default=Path("docs/img"))
+    ap.add_argument("--from-seeds", type=Path, default=None,
+                    help="the measured environment only, its laws from these study seed folders' strata checks")
+    ap.add_argument("--regime", choices=("trap", "search"), default="trap", help="which seeds --from-seeds pools")
+    ap.add_argument("--one-search-ceiling", type=float, default=None,
+                    help="most one search can pay in the measured environment (default: 0.5 for trap, the "
+                         "shortcut's share; 0 for search)")
     args = ap.parse_args(argv)
     for name in ("steps", "seeds", "prompts"):
         if getattr(args, name) < 1:
@@ -214,13 +291,29 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # tiny tensors: extra threads only spin (measured 10x slower on 2 shared cores)
     t0 = time.perf_counter()
     results = {}
-    for env in ("structured", "equal"):
-        cfg = SimConfig(args.steps, args.seeds, args.prompts, args.samples, args.lr, env)
-        results[env] = simulate(cfg)
-        print(format_table(summarize(results[env]), f"{env} reward laws ({args.seeds} seeds, {args.steps} steps, "
-                                                    f"{args.prompts}x{args.samples} rollouts/step)"))
-        print()
-    png = args.out / "strata_sim.png"
+    if args.from_seeds is not None:
+        ceiling = args.one_search_ceiling if args.one_search_ceiling is not None else (0.5 if args.regime == "trap"
+                                                                                        else 0.0)
+        try:
+            meas, pooled = measured_from_seeds(args.from_seeds, args.regime, ceiling)
+        except ValueError as err:
+            ap.error(str(err))
+        print(f"measured laws from {len(pooled['seeds'])} seed(s) of the {args.regime} regime, trajectories and EM-1 "
+              f"counts per search count {pooled['counts']}: {meas}")
+        cfg = SimConfig(args.steps, args.seeds, args.prompts, args.samples, args.lr, "measured", meas)
+        results["measured"] = simulate(cfg, STUDY_METHODS)
+        print(format_table(summarize(results["measured"], last=max(1, min(50, args.steps // 4))),
+                           f"measured laws, {args.regime} ({args.seeds} seeds, {args.steps} steps, "
+                           f"{args.prompts}x{args.samples} rollouts/step)"))
+        png = args.out / f"strata_sim_measured_{args.regime}.png"
+    else:
+        for env in ("structured", "equal"):
+            cfg = SimConfig(args.steps, args.seeds, args.prompts, args.samples, args.lr, env)
+            results[env] = simulate(cfg)
+            print(format_table(summarize(results[env]), f"{env} reward laws ({args.seeds} seeds, {args.steps} steps, "
+                                                        f"{args.prompts}x{args.samples} rollouts/step)"))
+            print()
+        png = args.out / "strata_sim.png"
     plot(results, png)
     print(f"plot: {png}   wall time: {time.perf_counter() - t0:.1f}s")
     return 0

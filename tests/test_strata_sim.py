@@ -81,3 +81,29 @@ def test_cli_refuses_bad_sizes(sim, capsys):
     with pytest.raises(SystemExit):
         sim.main(["--samples", "1"])
     assert "--samples must be >= 2" in capsys.readouterr().err
+
+
+def test_measured_laws_pool_the_seeds_counts_and_start_the_policy_there(sim, tmp_path):
+    """--from-seeds: the strata each seed measured after its warm-up are pooled by counts (a seed
+    of another regime is left out), and the simulated policy's first step samples those shares
+    and pays those EMs (within sampling noise)."""
+    import json
+
+    rows = {"a": ("trap", {"0": {"n": 10, "em": 0.0}, "1": {"n": 90, "em": 0.5}, "2": {"n": 100, "em": 0.2}}),
+            "b": ("trap", {"1": {"n": 110, "em": 0.4}, "3plus": {"n": 90, "em": 0.3}}),
+            "c": ("search", {"2": {"n": 200, "em": 0.9}})}
+    for name, (regime, strata) in rows.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "seed.json").write_text(json.dumps({"regime": regime, "strata_warmup": {"strata": strata}}))
+    meas, pooled = sim.measured_from_seeds(tmp_path, "trap", one_ceiling=0.5)
+    assert pooled["seeds"] == ["a", "b"]
+    assert pooled["counts"] == {"0": [10, 0], "1": [200, 89], "2": [190, 47]}  # 3+ searches pooled with 2
+    assert meas.shares == pytest.approx((10 / 400, 200 / 400, 190 / 400))
+    assert meas.init_read == pytest.approx(0.89) and meas.init_bridge == pytest.approx((47 / 190) / 0.89)
+    cfg = sim.SimConfig(steps=1, seeds=64, prompts=16, samples=8, env="measured", measured=meas)
+    res = sim.simulate(cfg, (sim.Method("GRPO", 0.0),), seed=3, progress=False)
+    assert float(res["multi"][0, :, 0].mean()) == pytest.approx(190 / 400, abs=0.02)
+    expected = (200 / 400) * 0.5 * 0.89 + (190 / 400) * (47 / 190)
+    assert float(res["reward"][0, :, 0].mean()) == pytest.approx(expected, abs=0.02)
+    with pytest.raises(ValueError, match="no seed of regime 'search' with a strata check"):
+        sim.measured_from_seeds(tmp_path / "a", "search", 0.0)
