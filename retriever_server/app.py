@@ -21,6 +21,7 @@ from .batching import ShuttingDown
 from .budget import BudgetExceeded
 from .config import ServerConfig
 from .metrics import Metrics
+from .native_heap import process_memory
 from .prom import CONTENT_TYPE, PromMetrics, StateCollector
 from .retriever import Retriever
 from .schema import BadRequest, decode_body, format_result, parse_request
@@ -46,13 +47,18 @@ class ServerState:
             web=self.web.stats))
 
     def memory(self) -> dict[str, float]:
-        return self.retriever.memory() if self.retriever is not None else self.metrics.snapshot()["memory"]
+        return self.retriever.memory() if self.retriever is not None else process_memory()
 
     def cache_stats(self) -> dict[str, Any] | None:
         if self.service is None:
             return None
         c = self.service.cache
         return {"size": len(c), "capacity": c.capacity, "hits": c.hits, "misses": c.misses, "hit_rate": c.hit_rate}
+
+    def answered(self, route: str, n_queries: int, seconds: float) -> None:
+        """A request answered 200 with ``n_queries`` queries: the JSON counters and Prometheus'."""
+        self.metrics.request(route, n_queries, seconds)
+        self.prom.queries.labels(route).inc(n_queries)
 
     def refused(self, route: str, reason: str) -> None:
         """A request without the token: counted by reason (never with the header's content)."""
@@ -143,7 +149,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
             return _error(503, f"retrieval took longer than {config.request_timeout_s}s; retry later")
         docs = [state.retriever.documents(h) for h in hits]
         scores = [[x.score for x in h] for h in hits]
-        state.metrics.request("/retrieve", len(req.queries), time.perf_counter() - t0)
+        state.answered("/retrieve", len(req.queries), time.perf_counter() - t0)
         return jsonify(format_result(docs, scores, req.return_scores))
 
     @app.post("/search")
@@ -163,7 +169,7 @@ def create_app(config: ServerConfig, *, retriever: Retriever | None = None,
         except WebSearchFailed as e:
             state.metrics.error("/search", 502)
             return _error(502, str(e))
-        state.metrics.request("/search", len(req.queries), time.perf_counter() - t0)
+        state.answered("/search", len(req.queries), time.perf_counter() - t0)
         docs = [[h["document"] for h in hs] for hs in hits]
         return jsonify(format_result(docs, [[h["score"] for h in hs] for hs in hits], req.return_scores))
 

@@ -129,12 +129,8 @@ class StateCollector(Collector):
 
     def _batch_histogram(self) -> Iterator[Metric]:
         sizes = self._batches()
-        buckets, cum = [], 0
-        for bound in BATCH_BUCKETS:
-            cum = sum(n for s, n in sizes.items() if s <= bound)
-            buckets.append((str(float(bound)), cum))
-        total = sum(sizes.values())
-        buckets.append(("+Inf", total))
+        buckets = [(str(float(bound)), sum(n for s, n in sizes.items() if s <= bound)) for bound in BATCH_BUCKETS]
+        buckets.append(("+Inf", sum(sizes.values())))
         yield HistogramMetricFamily("retriever_batch_size_queries", "distinct queries per encoder forward",
                                     buckets=buckets, sum_value=float(sum(s * n for s, n in sizes.items())))
 

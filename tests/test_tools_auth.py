@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +53,7 @@ class Service:
     url: str
     token: str
     guarded: list[tuple[str, str, dict | None]]  # (method, path, JSON body) of every route but /health
-    log: callable  # the service's log so far (stderr)
+    log: Callable[[], str]  # the service's log so far (stderr)
 
     def call(self, method: str, path: str, body: dict | None = None, token: str | None = None,
              headers: dict | None = None) -> requests.Response:
@@ -152,6 +154,10 @@ def test_every_route_works_with_the_token(service, serper):
         assert web.json()["result"][0][0]["id"] == RESPONSES["capital of France"]["organic"][0]["link"]
         assert len(serper.calls) - calls_before == 1  # the second /search came from the cache
         assert "queries" in service.call("GET", "/metrics.json", token=service.token).json()
+        prom = service.call("GET", "/metrics", token=service.token).text  # the index's own series
+        assert value(prom, "retriever_index_passages") == len(PASSAGES)
+        assert value(prom, "retriever_batch_size_queries_count") >= 1
+        assert value(prom, "retriever_queries_total", route="/retrieve") >= 2
     else:
         run = service.call("POST", "/run_code", {"code": "print(6 * 7)"}, token=service.token).json()
         assert run["run_result"]["stdout"] == "42\n"
@@ -322,8 +328,6 @@ def test_a_401_mid_rollout_is_a_tool_error_naming_the_variable_and_the_episode_g
 # --------------------------------------------------------------------- secure by default
 
 def _cli(module: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    import os
-
     base = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     return subprocess.run([sys.executable, "-m", module, "--port", "0", *args], env={**base, **(env or {})},
                           capture_output=True, text=True, timeout=120)

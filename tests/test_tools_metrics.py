@@ -93,6 +93,8 @@ def test_the_retriever_reports_web_search_spend_and_its_own_answers(retriever):
     assert value(text, "retriever_websearch_budget_used_queries", window="minute") == 1
     assert value(text, "retriever_http_requests_total", route="/search", code="200") >= 1
     assert value(text, "retriever_http_request_duration_seconds_count", route="/search") >= 1
+    assert value(text, "retriever_queries_total", route="/search") == 1
+    assert value(text, "retriever_queries_total", route="/retrieve") == 0  # exists before any query
     assert value(text, "retriever_batch_size_queries_count") == 0  # no dense index: no forward
     mem = {dict(labels)["kind"] for s, labels in samples(text) if s == "retriever_memory_bytes"}
     assert "rss_anon" in mem
