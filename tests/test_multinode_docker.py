@@ -53,6 +53,9 @@ PREFIX = f"sgrpo-mn-{os.getpid()}"
 NET = PREFIX
 NODE_A, NODE_B = f"{PREFIX}-a", f"{PREFIX}-b"
 RETRIEVER_URL, SANDBOX_URL = "http://retriever:8000/retrieve", "http://sandbox:8080/run_code"
+# The tools' token (issue #58): compose mounts it into both services; only the CLI's environment on
+# node A holds it, so B's engine can reach the services only with what the CLI's runtime env carries.
+TOOLS_TOKEN = "5eed" * 12
 N = 2  # samples per prompt
 ALPHA = 0.6
 CORPUS = [
@@ -180,7 +183,8 @@ def wait_for_service(url: str, deadline_s: float = 300) -> None:
 
 
 def fetch(url: str) -> str:
-    code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    code = (f"import urllib.request as u; r = u.Request({url!r}, headers={{'Authorization': 'Bearer {TOOLS_TOKEN}'}}); "
+            "print(u.urlopen(r, timeout=10).read().decode())")
     return must(sh(NODE_A, f"python3 -c {json.dumps(code)}"), f"GET {url}")
 
 
@@ -211,7 +215,7 @@ class World:
     def train(self, *extra: str, timeout: float = 1500) -> subprocess.CompletedProcess:
         t0 = time.monotonic()
         proc = sh(NODE_A, train_cmd(*extra), timeout=timeout, SGRPO_AGENT_CONFIG=AGENT_CONFIG, RAY_ADDRESS="auto",
-                  VLLM_RPC_BASE_PATH="/tmp")
+                  VLLM_RPC_BASE_PATH="/tmp", SGRPO_TOOLS_TOKEN=TOOLS_TOKEN)
         self.seconds.append(time.monotonic() - t0)
         self.runs.append(proc)
         (self.logs / f"train{len(self.runs)}.log").write_text(f"{proc.stdout}\n----- stderr\n{proc.stderr}")
@@ -243,9 +247,12 @@ def world(tmp_path_factory):
     tmp = Path(tempfile.mkdtemp(prefix="sgrpo-multinode-"))
     w = World(tmp, tmp_path_factory.mktemp("multinode-logs"))
     index = small_index(tmp)
+    token_file = tmp / "tools.token"  # tmp is 0700; the file 0644: the retriever runs as nobody
+    token_file.write_text(TOOLS_TOKEN + "\n")
+    token_file.chmod(0o644)
     settings = {**images, "INDEX_DIR": str(index), "RETRIEVER_PORT": "8000", "SANDBOX_PORT": "8080",
                 "DOCKER_SOCKET": engine_socket(), "RETRIEVER_ARGS": "--model /index/minilm", "HF_HUB_OFFLINE": "1",
-                "SANDBOX_CONCURRENCY": "2"}
+                "SANDBOX_CONCURRENCY": "2", "TOOLS_TOKEN_FILE": str(token_file)}
     env = {k: v for k, v in docker_env().items() if not k.startswith(("RETRIEVER_", "SANDBOX_", "INDEX_DIR"))}
     env.update(settings)
     stack = [*compose, "--project-name", PREFIX, "--project-directory", str(REPO),
@@ -332,7 +339,9 @@ def test_the_agent_on_b_has_the_drivers_config_and_file_without_files_on_b(world
 
 def test_tool_calls_from_b_reach_the_services_and_are_counted(world):
     """The fitted policy searches on its first question and runs code on its second, so both
-    services are called in every step; each answered call is one query or run in their counters."""
+    services are called in every step; each answered call is one query or run in their counters.
+    Both services require the token, which only the CLI's environment on node A had: B's engine
+    got it from the runtime env the CLI gives the workers (a 401 would be the turn's output)."""
     assert world.first.returncode == 0, _tail(world.first)
     samples = [s for g in world.records_first for s in g["samples"]]
     turns = [t for s in samples for t in s["turns"]]
