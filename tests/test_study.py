@@ -189,3 +189,48 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
         assert summary[label]["EM 2-hop"]["n"] == 2 and summary[label]["EM 2-hop"]["mean"] == pytest.approx(sum(em2) / 2)
     table_path, figure = write_report(out / "seeds", tmp_path / "report")
     assert "2 seed folder(s) from 1 session(s)" in table_path.read_text() and figure.stat().st_size > 10_000
+
+
+def test_the_cpu_preset_is_the_study_flags_and_later_flags_win():
+    """--cpu REGIME puts the CPU study's demo flags first (demo/study.py): 32 trajectories in
+    groups of 8, EM, the exact update shortcuts, the regime as --task; flags after -- override."""
+    from openrlhf_sgrpo.demo.options import parse_args
+    from openrlhf_sgrpo.demo.study import cpu_study_flags
+
+    args, demo = load_script().parse(["--out", "x", "--cpu", "trap", "--", "--steps", "3"])
+    assert demo[: len(cpu_study_flags("trap"))] == cpu_study_flags("trap") and demo[-2:] == ["--steps", "3"]
+    parsed = parse_args([*demo, "--out", "unused"])
+    assert (parsed.task, parsed.steps, parsed.prompts_per_step, parsed.n_samples, parsed.reward) == ("trap", 3, 4, 8, "em")
+    assert parsed.shared_prefix and parsed.skip_zero_advantage and not parsed.gradient_checkpointing
+    assert parsed.strata_check == 8  # the trap's default: the strata measured after the warm-up
+    with pytest.raises(SystemExit):
+        load_script().parse(["--out", "x", "--cpu", "trap", "--gpu-memory-share", "0.1"])
+
+
+@pytest.mark.slow
+def test_cpu_study_runs_the_arms_in_one_process_and_writes_a_trap_seed(tmp_path):
+    """The CPU study's own path (``--cpu trap``, no --split-arms): one demo process per seed runs
+    the warm-up, the strata check and every arm from the same weights, with the CPU update
+    shortcuts; the seed folder says regime, settings and the strata measured after the warm-up,
+    and the report puts it in a trap table of its own."""
+    from openrlhf_sgrpo.demo.study_report import read_seeds
+
+    out = tmp_path / "study"
+    seed = shifted_seed(3)
+    rc = load_script().main(["--out", str(out), "--smoke", "--seeds", str(seed), "--cpu", "trap",
+                             "--arms", "grpo,sgrpo:0.8", "--session", "cpu", "--",
+                             "--steps", "1", "--heldout", "4", "--strata-check", "2", "--engine", "hf"])
+    assert rc == 0
+    (committed,) = read_seeds(out / "seeds")
+    assert committed["folder"] == f"cpu_cpu_seed{seed}" and committed["regime"] == "trap"
+    settings = committed["settings"]
+    assert (settings["task"], settings["steps"], settings["n_samples"], settings["reward"]) == ("trap", 1, 8, "em")
+    assert settings["shared_prefix"] is True and settings["gradient_checkpointing"] is False
+    check = committed["strata_warmup"]
+    assert check["questions"] == 2 and check["samples_per_question"] == 2
+    assert sum(v["n"] for v in check["strata"].values()) == 4
+    labels = ["GRPO", "Stratified GRPO (alpha 0.8)"]
+    assert list(committed["arms"]) == labels
+    assert len({committed["arms"][label]["start_weights"] for label in labels}) == 1  # one warm-up, both arms
+    assert all(len(committed["steps"][label]) == 1 for label in labels)
+    assert "## trap regime, cpu: 1 seed(s)" in (out / "table.md").read_text()
