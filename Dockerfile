@@ -45,7 +45,10 @@ EXPOSE 8000 8080
 # The retriever runs as nobody; the sandbox service overrides the user in docker-compose.yml
 # (it needs the docker socket or, for the local backend, bubblewrap's privileges).
 USER 65534:65534
-CMD ["python3", "-m", "retriever_server.serve", "--index", "/index", "--host", "0.0.0.0", "--port", "8000", "--mmap"]
+# Reachable from outside the container, so it asks for the tools' token (docs/deploy.md: mount one
+# at /run/secrets/sgrpo_tools_token, as docker-compose.yml does, or pass --no-auth on a trusted network).
+CMD ["python3", "-m", "retriever_server.serve", "--index", "/index", "--host", "0.0.0.0", "--port", "8000", "--mmap", \
+     "--auth-token-file", "/run/secrets/sgrpo_tools_token"]
 
 FROM ${TRAIN_BASE} AS train
 USER root

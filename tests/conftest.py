@@ -27,9 +27,13 @@ from openrlhf_sgrpo.testing import (  # noqa: F401
 def pytest_configure(config) -> None:
     """With ``SGRPO_TEST_VLLM_GEMM`` set, ``tests/gemm_site`` goes on ``PYTHONPATH`` before any
     process is started (xdist's workers, engines; the Ray cluster's own site does the same), so its
-    sitecustomize sets vLLM's dispatch in each; a bad value stops the run here."""
+    sitecustomize sets vLLM's dispatch in each; a bad value stops the run here. An exported
+    ``SGRPO_TOOLS_TOKEN`` is dropped before any service starts."""
     if vllm_gemm_choice():
         os.environ["PYTHONPATH"] = pythonpath_led_by(GEMM_SITE, os.environ.get("PYTHONPATH"))
+    # A developer's exported tools token would make every service a test starts demand it, and
+    # peers' clients (SandboxFusion's, Search-R1's) send none: the tests that need a token set it.
+    os.environ.pop("SGRPO_TOOLS_TOKEN", None)
 
 
 @pytest.fixture(scope="session")
