@@ -212,6 +212,27 @@ def test_a_seeded_sampled_rollout_draws_the_same_tokens_whatever_the_batching(vl
     assert same >= 11 and control < same, (same, control)
 
 
+def test_many_seeded_long_prompts_at_once_leave_the_cpu_engine_alive(vllm_engine):
+    """A study step's rollout: 32 trajectories in flight, each a seeded request (its own generator),
+    prompts of a few hundred tokens. With vLLM's default 2,048-token step budget their prefills
+    are split across steps, and vLLM 0.29 then rewinds each split request's generator offset,
+    which a CPU generator lacks: every request failed ("CPU Generator does not use offset") and
+    the engine died. The engine now schedules whole prefills only on a CPU."""
+    import random
+
+    config = vllm_engine.llm.vllm_config.scheduler_config
+    assert config.enable_chunked_prefill is False and config.max_num_batched_tokens >= MAX_LEN
+    rng = random.Random(5)
+    prompts = [[rng.randrange(100, 5000) for _ in range(rng.randrange(250, MAX_LEN - 16))] for _ in range(32)]
+
+    async def all_at_once():
+        return await asyncio.gather(*[vllm_engine.generate(p, SamplingParams(max_tokens=4, temperature=1.0,
+                                                                             seed=100 + i))
+                                      for i, p in enumerate(prompts)])
+    outs = asyncio.run(all_at_once())
+    assert all(len(o.outputs[0].token_ids) >= 1 for o in outs)
+
+
 def _sync_round_trip(engine, model, sequence: list[int]) -> tuple[dict, dict, dict]:
     """``engine_probe.sync_round_trip`` through ``engine.sync_weights``, which loads every tensor."""
     count = len(dict(model.named_parameters()))

@@ -50,6 +50,7 @@ from openrlhf_sgrpo.engine.sampling import SamplingParams
 from openrlhf_sgrpo.engine.weight_sync import reload_worker_weights, sync_via_file
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+CPU_PREFILL_BUDGET = 2048  # tokens per engine step on a CPU (vLLM's own default there), whole prefills only
 UNIX_SOCKET_PATH_MAX = 107  # Linux's sun_path holds 108 bytes, the closing NUL included
 IPC_NAME_LENGTH = 36  # vLLM names each socket file by a uuid4
 CORE_EXIT_S = 30.0  # after vLLM's shutdown: its SIGKILL has been sent where its grace ran out
@@ -165,6 +166,13 @@ class VLLMGenerationEngine:
                 os.environ.setdefault(key, value)
             kv_cache_memory_bytes = kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
             dtype = cpu_dtype(dtype)
+            # A seeded request (every rollout's: local/rollout.py's SeededCalls) whose prefill is
+            # split across engine steps makes vLLM 0.29 rewind its generator's offset, which a CPU
+            # torch.Generator does not have: "CPU Generator does not use offset" kills the engine
+            # (tests/test_engines.py reproduces it with the default 2,048-token budget and 32
+            # prompts of ~500 tokens). Whole prefills only, and a budget that holds the longest.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs.setdefault("max_num_batched_tokens", max(CPU_PREFILL_BUDGET, int(max_model_len or 0)))
         else:
             # vLLM forks its engine process by default and switches to spawn only when
             # torch.cuda.is_initialized(); a CUDA query such as torch.cuda.is_available() starts the
