@@ -200,10 +200,14 @@ def run(args: argparse.Namespace) -> dict:
         train_rollout = make_rollout(args, engine, tok, train_cfg, script=spread_script if args.smoke else None)
         try:
             stages(f"evaluate held-out ({len(data.heldout)} questions) before training")
-            before = evaluate_heldout(args, rollout, "before", data.heldout, out / "eval_predictions.jsonl", out,
-                               "eval_before", 0)
-            logger.log(0, before, phase="eval_before")
-            if data.task is not None:
+            before = None
+            if args.eval_before:
+                before = evaluate_heldout(args, rollout, "before", data.heldout, out / "eval_predictions.jsonl", out,
+                                          "eval_before", 0)
+                logger.log(0, before, phase="eval_before")
+            else:
+                print("skipped (--no-eval-before)")
+            if data.task is not None and args.eval_before:
                 checks["closed_book_before"] = closed_book(model, tok, list(data.task.heldout), prompt_fn)
                 print(f"closed-book (answer at once, no search) held-out EM {checks['closed_book_before']['em']:.3f}")
             stages(f"warm-up: {args.warmup_steps} supervised steps on train questions")

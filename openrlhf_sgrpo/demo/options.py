@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="training steps (default 8; smoke 2)")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="supervised steps before RL (default 12; smoke 6; 0: none; see demo/warm.py)")
+    p.add_argument("--eval-before", action=argparse.BooleanOptionalAction, default=True,
+                   help="evaluate held-out (and closed-book) before the warm-up; the study skips it: before the "
+                        "warm-up SmolLM2 never writes the action tags, so it scores 0 and costs a long evaluation")
     p.add_argument("--warmup-lr", type=float, default=1e-4)
     p.add_argument("--warmup-batch", type=int, default=4)
     p.add_argument("--warmup-micro-batch", type=int, default=1,

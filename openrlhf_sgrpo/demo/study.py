@@ -19,8 +19,10 @@ from pathlib import Path
 DEFAULT_ARMS = "grpo,sgrpo:0.8,random:0.8"
 
 # The CPU study (``sgrpo_vs_grpo.py --cpu REGIME``): a seed of 3 arms x 20 steps of 32 trajectories
-# (4 prompts x 8 samples, the paper's group size), EM reward (the paper's), search only.
-CPU_STUDY_STEP = ("--steps", "20", "--prompts-per-step", "4", "--n-samples", "8", "--reward", "em", "--no-sandbox")
+# (4 prompts x 8 samples, the paper's group size), EM reward (the paper's), search only, no held-out
+# evaluation before the warm-up (SmolLM2 scores 0 there: it never writes the tags before it).
+CPU_STUDY_STEP = ("--steps", "20", "--prompts-per-step", "4", "--n-samples", "8", "--reward", "em", "--no-sandbox",
+                  "--no-eval-before")
 # ... and its update: every item computes the update it replaces (tests/test_update_shortcuts.py),
 # measured by bench/study_step_cost.py. No gradient checkpointing (SmolLM2's activations for 4 rows
 # of ~500 tokens fit), a prompt group's prompt run once, no pass over zero-advantage samples, and
