@@ -17,8 +17,10 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -33,8 +35,12 @@ DEMO_TIMEOUT_S = 1800  # a smoke run takes a few minutes; two shared cores under
 
 
 @pytest.fixture(scope="module")
-def user(tmp_path_factory):
-    u = ThrowawayUser.create(tmp_path_factory.mktemp("newcomer"))
+def user():
+    # Not under pytest's basetemp: a second pytest session of the same user on this machine prunes
+    # old basetemps, and this copy lives for minutes (its files vanished mid-run when it was there).
+    base = Path(tempfile.mkdtemp(prefix="sgrpo-newcomer-"))
+    base.chmod(0o755)
+    u = ThrowawayUser.create(base)
     try:
         u.grant_interpreter(ROOT / ".venv" / "bin" / "python")
         u.checkout = u.copy_checkout()
@@ -48,9 +54,11 @@ def user(tmp_path_factory):
         yield u
     finally:
         u.remove()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(DEMO_TIMEOUT_S + 300)
 def test_make_demo_smoke_as_a_user_without_root(user):
     """``make demo`` as the README has it, as a user that is not root: it installs nothing (the venv
     is up to date), starts no sandbox (the prompts offer no <code>), trains, evaluates and reports."""

@@ -142,6 +142,7 @@ COMMANDS: dict[str, Entry] = {
                "DRY_RUN=1 with NUM_NODES=2 and a shared retriever"),
 }
 # Families of commands, matched by pattern (a synopsis, the study's GPU runs whatever their flags).
+STUDY = r"^(nice -n \d+ )?(\S+=\S+ )*(\.venv/bin/)?python3? examples/study/sgrpo_vs_grpo\.py "
 FAMILIES: list[tuple[re.Pattern[str], Entry]] = [
     (re.compile(r"^(\.venv/bin/)?python3? -m openrlhf_sgrpo\.ask "),
      ByTest("tests/test_ask.py::test_ask_prints_the_search_and_what_the_retriever_answered",
@@ -149,9 +150,12 @@ FAMILIES: list[tuple[re.Pattern[str], Entry]] = [
     (re.compile(r"^(\.venv/bin/)?python3? -m retriever_server\.(build_index|import_index|serve) "),
      Help("a synopsis over wiki-18 (21M passages): the CLI's --help names each flag; tests/test_retriever_*.py "
           "run the CLIs")),
-    (re.compile(r"^(\S+=\S+ )*(\.venv/bin/)?python3? examples/study/sgrpo_vs_grpo\.py (?!.*--smoke)"),
+    (re.compile(STUDY + r"(?=.*--device cuda)(?!.*--smoke)"),
      NotHere("needs a GPU: three arms over several seeds, one process per seed and arm")),
-    (re.compile(r"^(\S+=\S+ )*(\.venv/bin/)?python3? examples/study/sgrpo_vs_grpo\.py .*--smoke"),
+    (re.compile(STUDY + r"(?=.*--cpu )(?!.*--smoke)"),
+     NotHere("hours of CPU per seed (3 arms x 20 steps of 32 trajectories); the script itself runs in "
+             "tests/test_study.py (--smoke)")),
+    (re.compile(STUDY + r".*--smoke"),
      ByTest("tests/test_study.py::test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed_folders",
             "the study script's --smoke")),
     (re.compile(r"^(\S+=\S+ )*(bash )?scripts/gpu_vllm_(run|pieces)\.sh\b"),
@@ -407,15 +411,23 @@ def test_cheap_forms_run_from_a_fresh_shell(ran, world):
     assert f"{ROOT}/.venv/bin/python -m openrlhf_sgrpo.cli.train_ppo_ray" in dry.stderr  # found without PYTHON
 
 
+def readme_inline_commands() -> list[str]:
+    """The README's inline `.venv/bin/python -m MODULE ...` spans (outside fences)."""
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", (ROOT / "README.md").read_text(), flags=re.S | re.M)
+    return [m.group(1) for m in re.finditer(r"`(\.venv/bin/python -m [^`]+)`", text)]
+
+
 @pytest.mark.slow
-def test_synopses_name_only_flags_their_cli_has(home):
+def test_synopses_and_readme_lines_name_only_flags_their_cli_has(home):
+    """Each synopsis (and each inline `.venv/bin/python -m ...` of the README): its CLI's --help runs
+    from a fresh shell and names every --flag the page uses."""
     found, _ = page_commands()
     by_module: dict[str, set[str]] = {}
-    for _, cmd in found:
-        if isinstance(entry_for(cmd), Help):
-            module = re.search(r"-m ([\w.]+)", cmd).group(1)
-            by_module.setdefault(module, set()).update(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", cmd))
-    assert by_module, "no synopsis found"
+    lines = [cmd for _, cmd in found if isinstance(entry_for(cmd), Help)] + readme_inline_commands()
+    for cmd in lines:
+        module = re.search(r"-m ([\w.]+)", cmd).group(1)
+        by_module.setdefault(module, set()).update(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", cmd))
+    assert {"retriever_server.serve", "openrlhf_sgrpo.demo"} <= set(by_module), by_module
 
     def help_of(module: str) -> str:
         proc = _run(f".venv/bin/python -m {shlex.quote(module)} --help", {"home": str(home)})
