@@ -49,6 +49,10 @@ CASES = {
     "multinode": ("qwen2.5-3b/train_sgrpo_base.sh", {"NUM_NODES": "2", "RETRIEVER_URL": SHARED_RETRIEVER}),
     "bad_alpha": ("qwen2.5-3b/train_grpo_base.sh", {"EXTRA_ARGS": "--algo.advantage.sgrpo_alpha 1.5"}),
     "deep_research": ("qwen3-8b/train_deep_research.sh", {"SANDBOX_URL": "http://sandbox:8080/run_code"}),
+    # a shell that exported SAPO settings and a wandb key, resuming (issue #57)
+    "exported_env": ("qwen2.5-3b/train_sgrpo_base.sh", {"SAPO": "1", "UPDATES_PER_STEP": "2",
+                                                         "WANDB_API_KEY": "not-a-real-key",
+                                                         "EXTRA_ARGS": "--ckpt.load_enable"}),
 }
 
 
@@ -112,6 +116,20 @@ def test_sgrpo_base_paper_settings(dry_runs):
     assert cfg["data"]["apply_chat_template"] is False
     assert cfg["data"]["prompt_dataset"] == str(run.data_dir / "train.jsonl")
     assert_search_r1_agent(run, "http://127.0.0.1:8000/retrieve")
+
+
+@pytest.mark.slow
+def test_exported_sapo_does_not_leak_and_wandb_and_resume_are_passed(dry_runs):
+    """SAPO and UPDATES_PER_STEP are the scripts' own (an exported SAPO=1 once changed
+    train_sgrpo_base.sh silently); WANDB_API_KEY turns on OpenRLHF's wandb logger with the
+    placeholder key `env`, never the key itself on the command line; EXTRA_ARGS resumes."""
+    run = dry_runs["exported_env"]
+    cfg = run.config
+    assert_paper_settings(cfg)
+    assert cfg["algo"]["sapo"]["enable"] is False and cfg["train"]["batch_size"] == 256 * 8
+    assert cfg["logger"]["wandb"]["key"] == "env" and "not-a-real-key" not in run.stdout + run.stderr
+    assert cfg["ckpt"]["load_enable"] is True
+    assert cfg["ckpt"]["path"] == str(run.save_path / "checkpoints")
 
 
 @pytest.mark.slow
