@@ -42,7 +42,7 @@ from openrlhf_sgrpo.demo.synth_task import Hop, Pair, TaskQuestion
 
 SHORTCUT_RIGHT = 0.5  # share of people whose aunt / river is their birth town's (the one-search payoff)
 ONE_SEARCH_SHARE = 0.5  # of the warm-up's two-hop demonstrations, those that answer after one search
-GOOD_BRIDGE_SHARE = 0.3  # of its two-search demonstrations, those whose second query is the birth town
+GOOD_BRIDGE_SHARE = 0.2  # of its two-search demonstrations, those whose second query is the birth town
 
 
 def with_trap_facts(pairs: list[Pair], rng: random.Random) -> list[Pair]:
