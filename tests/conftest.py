@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 
 import pytest
+import time_budget
 from sites import GEMM_SITE
+from time_budget import pytest_runtest_logreport  # noqa: F401 - the suite's clock (tests/time_budget.py)
 
 from openrlhf_sgrpo.testing import (  # noqa: F401
     GPU_ONLY_MODULES,
@@ -54,3 +56,4 @@ def pytest_terminal_summary(terminalreporter) -> None:
     gemm = "; vLLM GEMM dispatch: as on AMX (SGRPO_TEST_VLLM_GEMM=amx)" if vllm_gemm_choice() == "amx" else ""
     terminalreporter.write_line(f"processor: {found['processor']}; kernel ISAs: {found['cpu_isa']}; "
                                 f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}{gemm}")
+    time_budget.summary(terminalreporter)  # the suite's total, its slowest, modules past their budget

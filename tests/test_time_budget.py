@@ -1,0 +1,49 @@
+"""The suite's clock (tests/time_budget.py): per-module sums over every phase, the warning past
+1.5x a module's budget (and none inside it), the slowest lists, and a bad budget file named."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import time_budget
+
+
+def _report(nodeid: str, when: str, seconds: float):
+    return SimpleNamespace(nodeid=nodeid, when=when, duration=seconds)
+
+
+def test_modules_past_one_and_a_half_times_their_budget_are_named():
+    clock = time_budget.SuiteClock()
+    for nodeid, when, s in [("tests/test_a.py::t1", "setup", 100.0), ("tests/test_a.py::t1", "call", 60.0),
+                            ("tests/test_a.py::t2", "call", 1.0), ("tests/test_b.py::t", "call", 14.0),
+                            ("tests/test_c.py::t", "teardown", 5.0)]:
+        clock.add(_report(nodeid, when, s))
+    assert clock.modules == {"tests/test_a.py": 161.0, "tests/test_b.py": 14.0, "tests/test_c.py": 5.0}
+    budget = {"tests/test_a.py": 100.0, "tests/test_b.py": 10.0}  # a: 1.61x, b: 1.4x
+    assert clock.over_budget(budget) == [("tests/test_a.py", 161.0, 100.0)]
+    lines = clock.lines(budget)
+    assert lines[0].startswith("test time: 3.0 min in 3 modules")
+    assert any(line.startswith("warning: tests/test_a.py took 161 s, 1.6x its budget of 100 s") for line in lines)
+    assert not any("test_b.py took" in line for line in lines)
+    assert "   100.0 s  tests/test_a.py::t1" in lines[2]  # the slowest set-up first
+    assert any("no budget for 1 module(s)" in line and "tests/test_c.py 5 s" in line for line in lines)
+
+
+def test_a_bad_budget_file_names_itself(tmp_path):
+    assert time_budget.read_budget(tmp_path / "none.toml") == {}
+    good = tmp_path / "good.toml"
+    good.write_text('[modules]\n"tests/test_a.py" = 90\n')
+    assert time_budget.read_budget(good) == {"tests/test_a.py": 90.0}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[modules]\n"tests/test_a.py" = "soon"\n')
+    with pytest.raises(ValueError, match="bad.toml: \\[modules\\] needs positive seconds"):
+        time_budget.read_budget(bad)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[modules\n")
+    with pytest.raises(ValueError, match="broken.toml: not TOML"):
+        time_budget.read_budget(broken)
+
+
+def test_the_committed_budget_file_reads():
+    assert all(s > 0 for s in time_budget.read_budget().values())

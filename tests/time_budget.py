@@ -1,0 +1,96 @@
+"""The suite's time, reported where CI's log shows it, and the modules past their budget.
+
+Why: the suite grew from 23 to 39 minutes on one processor in four days (issue #59) and nobody saw
+it happen until a fresh-clone run. At the end of every run (the controller's terminal summary, so
+it covers both xdist workers) this prints the suite's total test time, its ten slowest set-ups and
+its ten slowest calls, and a warning line for every module whose tests took more than 1.5 times
+the seconds ``tests/budget.toml`` expects of it. A warning, not a failure: machines differ (AVX2 or
+AVX-512, a quiet or a shared box), and the budget is there to make growth visible, not to gate.
+
+``tests/budget.toml`` holds ``[modules]`` with ``"tests/test_x.py" = seconds`` (set-up, calls and
+tear-down of every test in the file, as measured on a quiet 2-core machine; say which in the
+file's comment). ``SGRPO_TEST_BUDGET_OUT=FILE`` also writes every module's seconds as JSON, the
+input for the next budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+BUDGET_FILE = Path(__file__).with_name("budget.toml")
+OVER = 1.5  # a module is reported once it takes more than this times its budget
+SLOWEST = 10
+
+
+class SuiteClock:
+    """Collects every test phase's duration from the reports the controller receives."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[float, str, str]] = []  # (seconds, when, nodeid)
+        self.modules: dict[str, float] = defaultdict(float)
+
+    def add(self, report) -> None:
+        seconds = float(getattr(report, "duration", 0.0) or 0.0)
+        self.phases.append((seconds, report.when, report.nodeid))
+        self.modules[report.nodeid.split("::", 1)[0]] += seconds
+
+    def over_budget(self, budget: dict[str, float]) -> list[tuple[str, float, float]]:
+        """(module, seconds, budget) of the modules past ``OVER`` times their budget."""
+        return sorted(((m, s, budget[m]) for m, s in self.modules.items() if m in budget and s > OVER * budget[m]),
+                      key=lambda row: -row[1] / row[2])
+
+    def lines(self, budget: dict[str, float]) -> list[str]:
+        total = sum(self.modules.values())
+        out = [f"test time: {total / 60:.1f} min in {len(self.modules)} modules (sum over workers of set-up, calls "
+               "and tear-down)"]
+        for when, title in (("setup", "set-ups"), ("call", "calls")):
+            rows = sorted((p for p in self.phases if p[1] == when), reverse=True)[:SLOWEST]
+            out.append(f"the {len(rows)} slowest {title}:")
+            out += [f"  {s:7.1f} s  {nodeid}" for s, _, nodeid in rows]
+        for module, seconds, expected in self.over_budget(budget):
+            out.append(f"warning: {module} took {seconds:.0f} s, {seconds / expected:.1f}x its budget of "
+                       f"{expected:.0f} s (tests/budget.toml)")
+        unbudgeted = sorted(m for m in self.modules if m not in budget)
+        if budget and unbudgeted:
+            out.append(f"(no budget for {len(unbudgeted)} module(s); the slowest unbudgeted: "
+                       + ", ".join(f"{m} {self.modules[m]:.0f} s" for m in sorted(unbudgeted, key=lambda m: -self.modules[m])[:3])
+                       + ")")
+        return out
+
+
+def read_budget(path: Path = BUDGET_FILE) -> dict[str, float]:
+    """``[modules]`` of the budget file (empty when there is none); a malformed file names itself."""
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not TOML ({err})") from None
+    modules = data.get("modules", {})
+    bad = [k for k, v in modules.items() if not isinstance(v, (int, float)) or v <= 0]
+    if bad:
+        raise ValueError(f"{path}: [modules] needs positive seconds, got {bad[:3]}")
+    return {k: float(v) for k, v in modules.items()}
+
+
+CLOCK = SuiteClock()
+
+
+def pytest_runtest_logreport(report) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        CLOCK.add(report)  # the controller (or a run without xdist): every worker's reports arrive here
+
+
+def summary(terminalreporter) -> None:
+    """The lines of the module docstring, on the controller (conftest's terminal summary calls it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None or not CLOCK.phases:
+        return
+    for line in CLOCK.lines(read_budget()):
+        terminalreporter.write_line(line)
+    out = os.environ.get("SGRPO_TEST_BUDGET_OUT")
+    if out:
+        Path(out).write_text(json.dumps(dict(sorted(CLOCK.modules.items())), indent=1) + "\n")
