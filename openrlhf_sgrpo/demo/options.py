@@ -24,9 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="smollm2 (default) | tiny-qwen2 | local HF folder")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-sandbox", action="store_true",
-                   help="start no code sandbox: the demo's prompts offer search only, and a machine without "
-                        "bubblewrap (the lent GPU image) cannot start the local one; a <code> action then "
-                        "gets an error observation and no request is sent")
+                   help="start no code sandbox even where the prompts' template offers <code> (the demo's "
+                        "templates offer search only, and then none is started anyway: demo/stack.py); a <code> "
+                        "action then gets an error observation and no request is sent")
     p.add_argument("--engine", choices=("auto", "vllm", "hf"), default="auto",
                    help="generation engine: vLLM (its CPU build here), the HF fallback, or auto (default): "
                         "vLLM where it runs, else HF with the reason")
