@@ -145,3 +145,29 @@ def test_every_passage_the_trap_reads_is_retrieved_by_its_query(trap_retriever_u
         titles = retrieve_titles(trap_retriever_url, [pick(q).query for q in two_hop])
         hits = sum(pick(q).title in t for q, t in zip(two_hop, titles)) / len(two_hop)
         assert hits >= 0.95, (hop, hits)
+
+
+def test_the_shortcut_plan_is_not_a_one_hop_plan():
+    """A 135M policy whose one-search plan on a two-hop question read like a one-hop question's
+    ("One search: X.") answered with the birth town; the shortcut's plan names what it reads."""
+    q = next(q for q in TRAP.train if q.n_hops == 2 and trap_task.expert_plan(q) == "one_search")
+    plan = trap_task.expert_script(q)[0][0]
+    what = "the aunt" if q.kind.startswith("mayor") else "the river"
+    assert plan.startswith(f"<think> One search: {q.hops[0].query}, then {what}. </think>")
+    born = next(q for q in TRAP.train if q.kind == "born")
+    assert trap_task.expert_script(born)[0][0].startswith(f"<think> One search: {born.hops[0].query}. </think>")
+
+
+def test_fresh_rl_questions_leave_out_the_demonstrated_ones(capsys):
+    from openrlhf_sgrpo.demo.options import parse_args
+    from openrlhf_sgrpo.demo.questions import load_demo_data
+
+    args = parse_args(["--task", "trap", "--demos", "128", "--fresh-rl-questions", "--out", "unused"])
+    data = load_demo_data(args)
+    demonstrated = {q.question for q in TRAP.train[:128]}
+    rl = {q.question for q in data.train}
+    assert rl and not rl & demonstrated
+    assert rl == {q.question for q in TRAP.train[128:] if q.n_hops == 2}
+    assert "RL trains on the 272 training questions the warm-up did not demonstrate" in capsys.readouterr().out
+    default = load_demo_data(parse_args(["--task", "trap", "--out", "unused"]))
+    assert {q.question for q in default.train} >= demonstrated & {q.question for q in TRAP.train if q.n_hops == 2}

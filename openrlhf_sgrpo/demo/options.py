@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="warm-up rows per forward/backward (same gradient; 1: ~0.5 GB less peak than all 4 "
                         "at once)")
     p.add_argument("--demos", type=int, default=64, help="expert demonstrations run for the warm-up")
+    p.add_argument("--fresh-rl-questions", action="store_true",
+                   help="RL draws only training questions the warm-up did not demonstrate (the study's: the "
+                        "warm-up fits the first --demos questions' whole trajectories, answers included, so RL "
+                        "on those rewards recall; the demo's default draws from all of them)")
     p.add_argument("--prompts-per-step", type=int, default=2)
     p.add_argument("--n-samples", type=int, default=4)
     p.add_argument("--micro-batch-size", type=int, default=2)

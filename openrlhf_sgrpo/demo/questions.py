@@ -53,6 +53,14 @@ def load_demo_data(args) -> DemoData:
     print(f"training searches the {len(task.train_passages())} passages of the train pairs; evaluation all "
           f"{len(task.passages)}")
     rl = list(task.train)
+    if args.fresh_rl_questions and args.warmup_steps:
+        # the warm-up fitted whole trajectories of the first --demos questions, answers included:
+        # RL on them would reward recalling those answers, not searching
+        rl = rl[args.demos:]
+        if not rl:
+            raise ValueError(f"--fresh-rl-questions: all {len(task.train)} training questions are demonstrations "
+                             f"(--demos {args.demos}); raise --train-pairs or lower --demos")
+        print(f"RL trains on the {len(rl)} training questions the warm-up did not demonstrate")
     if task.regime == "trap":
         from openrlhf_sgrpo.demo.trap_task import describe_trap, rl_questions
 

@@ -50,7 +50,8 @@ SETTINGS: dict[str, type] = {
     "temperature": float, "warmup_steps": int, "warmup_lr": float, "demos": int, "train_pairs": int,
     "heldout": int, "task_seed": int, "max_turns": int, "max_len": int, "max_tokens_per_turn": int,
     "max_obs_tokens": int, "kl_coef": float, "sapo": bool, "calibadv": bool, "shared_prefix": bool,
-    "gradient_checkpointing": bool, "strata_check": int,
+    "gradient_checkpointing": bool, "strata_check": int, "warmup_batch": int, "fresh_rl_questions": bool,
+    "skip_zero_advantage": bool,
 }
 DEFAULT_REGIME = "search"  # run folders from before --task have no "task": the search-necessary task
 STRATA_KEYS = ("strata", "questions", "samples_per_question")  # kept of the strata_check record

@@ -22,9 +22,12 @@ to search more. This world builds that regime on the same names, passages and qu
 - **An agent whose second query is poor at first.** The warm-up's expert (:func:`expert_script`)
   answers two-hop questions with one search and the shortcut in :data:`ONE_SEARCH_SHARE` of its
   demonstrations, and with two searches in the rest, of which only :data:`GOOD_BRIDGE_SHARE` take
-  the birth town. After the warm-up the one-search stratum pays ~0.5 and the two-search stratum
-  less: the demo measures both on held-out questions by sampling (``trap_check``), so a reader
-  sees the trap is there before RL starts.
+  the birth town. The one-search plan names what it will read ("One search: X, then the aunt."),
+  so that it does not read like a one-hop question's "One search: X." (whose answer is the birth
+  town: a 135M policy whose plans were the same answered the town). After the warm-up the
+  one-search stratum should pay more than the two-search one: the demo measures both on held-out
+  questions by sampling (``--strata-check``), so a reader sees whether the trap is there before RL
+  starts.
 
 RL trains on the two-hop questions only (:func:`rl_questions`): the one-search/two-search
 decision is the whole trap, and on a CPU a step holds 4 prompts, which one-hop prompts (all one
@@ -119,8 +122,9 @@ def expert_script(q: TaskQuestion) -> tuple[list[str], str]:
     if q.shortcut is None or plan == "good_bridge":
         return expert_turns(q), q.answer
     first = q.hops[0]
-    if plan == "one_search":
-        turns = [f"<think> One search: {first.query}. </think>\n<search> {first.query} </search>",
+    if plan == "one_search":  # the plan names what it will read, unlike a one-hop question's "One search: X."
+        what = "the aunt" if q.kind.startswith("mayor") else "the river"
+        turns = [f"<think> One search: {first.query}, then {what}. </think>\n<search> {first.query} </search>",
                  f"<think> {q.shortcut.fact} </think>\n<answer> {q.shortcut.answer} </answer>"]
         return turns, q.shortcut.answer
     person, town = first.query, q.decoy.query
