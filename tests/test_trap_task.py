@@ -23,8 +23,11 @@ SEARCH_WORLD = build_task()
 
 def test_the_trap_is_the_default_world_plus_its_facts():
     assert build_task(regime="trap") == TRAP  # a pure function of the seed
-    assert [q.question for q in TRAP.train] == [q.question for q in SEARCH_WORLD.train]
-    assert [q.answer for q in TRAP.heldout] == [q.answer for q in SEARCH_WORLD.heldout]
+    two = lambda task: [q.question for q in (*task.train, *task.heldout) if q.n_hops == 2]  # noqa: E731
+    assert two(TRAP) == two(SEARCH_WORLD)  # the same two-hop questions, the same people and towns
+    # its one-hop questions name a town: none reads like a two-hop one ("... where X was born?")
+    assert {q.kind for q in (*TRAP.train, *TRAP.heldout) if q.n_hops == 1} == set(trap_task.TRAP_ONE_HOP)
+    assert all("born" not in q.question for q in (*TRAP.train, *TRAP.heldout) if q.n_hops == 1)
     default_people = dict(SEARCH_WORLD.passages)
     for pair in SEARCH_WORLD.train_pairs[:5]:  # the default world's passages are unchanged
         assert default_people[pair.person] == PERSON_TEXT.format(person=pair.person, job=pair.job, town=pair.town)
@@ -154,7 +157,7 @@ def test_the_shortcut_plan_is_not_a_one_hop_plan():
     plan = trap_task.expert_script(q)[0][0]
     what = "the aunt" if q.kind.startswith("mayor") else "the river"
     assert plan.startswith(f"<think> One search: {q.hops[0].query}, then {what}. </think>")
-    born = next(q for q in TRAP.train if q.kind == "born")
+    born = next(q for q in SEARCH_WORLD.train if q.kind == "born")
     assert trap_task.expert_script(born)[0][0].startswith(f"<think> One search: {born.hops[0].query}. </think>")
 
 

@@ -21,12 +21,12 @@ DEFAULT_ARMS = "grpo,sgrpo:0.8,random:0.8"
 # The CPU study (``sgrpo_vs_grpo.py --cpu REGIME``): a seed of 3 arms x 20 steps of 32 trajectories
 # (4 prompts x 8 samples, the paper's group size), EM reward (the paper's), search only, no held-out
 # evaluation before the warm-up (SmolLM2 scores 0 there: it never writes the tags before it), and a
-# warm-up of 24 steps over 128 demonstrations: after the demo's 12 over 64 the trap's first seed read
+# warm-up of 32 steps of 4 over 128 demonstrations (each about once): after the demo's 12 over 64 the trap's first seed read
 # too poorly to start in the trap (held-out two-hop, sampled: one search EM 0.17, two 0.22; 2026-12-01).
 # RL draws only questions the warm-up did not demonstrate: a seed's training EM went 0.06 -> 0.53
 # between its first two steps on demonstrated questions while held-out stayed at 0.05 (recall).
 CPU_STUDY_STEP = ("--steps", "20", "--prompts-per-step", "4", "--n-samples", "8", "--reward", "em", "--no-sandbox",
-                  "--no-eval-before", "--warmup-steps", "24", "--demos", "128", "--fresh-rl-questions")
+                  "--no-eval-before", "--warmup-steps", "32", "--demos", "128", "--fresh-rl-questions")
 # ... and its update: every item computes the update it replaces (tests/test_update_shortcuts.py),
 # measured by bench/study_step_cost.py. No gradient checkpointing (SmolLM2's activations for 4 rows
 # of ~500 tokens fit), a prompt group's prompt run once, no pass over zero-advantage samples, and

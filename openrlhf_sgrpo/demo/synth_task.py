@@ -276,16 +276,19 @@ def build_task(n_train_pairs: int = 200, n_heldout: int = 48, seed: int = 0, reg
         by_town = {p.town: p for p in (*held_pairs, *train_pairs)}
         trap_hops = lambda q, p: attach_trap_hops(q, p, by_town)  # noqa: E731
         pairs = held_pairs + train_pairs
+    one_hop = ONE_HOP
+    if regime == "trap":  # its one-hop questions name a town (demo/trap_task.py: TRAP_ONE_HOP, why)
+        from openrlhf_sgrpo.demo.trap_task import TRAP_ONE_HOP as one_hop
     train = []
     for i, p in enumerate(train_pairs):  # one question of each hop count per pair, kinds in rotation
-        for kinds in (ONE_HOP, TWO_HOP):
+        for kinds in (one_hop, TWO_HOP):
             kind = kinds[i % len(kinds)]
             train.append(trap_hops(question_for(p, kind, f"train{i:04d}-{kind}"), p))
     rng.shuffle(train)
     n_two = n_heldout // 2
     heldout = []
     for i, p in enumerate(held_pairs):
-        kinds = TWO_HOP if i < n_two else ONE_HOP
+        kinds = TWO_HOP if i < n_two else one_hop
         heldout.append(trap_hops(question_for(p, kinds[i % len(kinds)], f"held{i:03d}"), p))
     passages = [p.passage(e) for p in sorted(pairs, key=lambda p: p.person) for e in ("person", "town")]
     return SynthTask(seed, tuple(passages), tuple(train), tuple(heldout), tuple(train_pairs), tuple(held_pairs),

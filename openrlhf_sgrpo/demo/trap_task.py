@@ -43,6 +43,10 @@ import random
 
 from openrlhf_sgrpo.demo.synth_task import Hop, Pair, TaskQuestion
 
+# One-hop questions about towns only: "In which town was X born?" names a person, as every two-hop
+# question does ("... the town where X was born?"), and a 135M policy warmed up on both answered
+# two-hop questions with the birth town (held-out greedy, 15 of 16 one-search answers).
+TRAP_ONE_HOP = ("mayor", "river")
 SHORTCUT_RIGHT = 0.5  # share of people whose aunt / river is their birth town's (the one-search payoff)
 ONE_SEARCH_SHARE = 0.5  # of the warm-up's two-hop demonstrations, those that answer after one search
 GOOD_BRIDGE_SHARE = 0.2  # of its two-search demonstrations, those whose second query is the birth town
