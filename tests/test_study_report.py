@@ -423,3 +423,22 @@ def test_a_twenty_step_seed_of_three_arms_exports_under_50_kb(tmp_path):
     assert [r["step"] for r in grpo if "sgrpo/stratum4plus/adv_mass" in r] == [5]  # the merged tail is kept
     assert seed["arms"]["Random strata (alpha 0.8)"]["heldout"]["hop2/em"] == 0.3
     assert seed["settings"]["steps"] == 20 and seed["strata_warmup"]["strata"]["3plus"]["n"] == 16
+
+
+def test_trap_seeds_say_whether_they_started_in_the_trap(tmp_path):
+    """The trap regime's premise, per seed: two searches' EM below one search's after the warm-up."""
+    trap = {"1": {"n": 40, "share": 0.5, "em": 0.4, "em_lo": 0.3, "em_hi": 0.5},
+            "2": {"n": 40, "share": 0.5, "em": 0.2, "em_lo": 0.1, "em_hi": 0.3}}
+    flat = {"1": {"n": 40, "share": 0.5, "em": 0.1, "em_lo": 0.0, "em_hi": 0.2},
+            "2": {"n": 40, "share": 0.5, "em": 0.2, "em_lo": 0.1, "em_hi": 0.3}}
+    seed_folder(tmp_path, 0, args={"task": "trap"}, strata=trap)
+    seed_folder(tmp_path, 1, args={"task": "trap"}, strata=flat)
+    seed_folder(tmp_path, 2, args={"task": "search"}, strata=flat)  # the search-necessary regime: no such line
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    by_heading = sections(table)
+    trap_section = next(v for k, v in by_heading.items() if k.startswith("trap regime"))
+    assert "Started in the trap (two searches' EM below one search's after the warm-up, the regime's premise): " \
+           "1 of 2 seed(s); not: s1_cpu_seed1." in trap_section
+    search_section = next(v for k, v in by_heading.items() if k.startswith("search regime"))
+    assert "Started in the trap" not in search_section
+    assert study_report.in_the_trap({"strata": trap}) and not study_report.in_the_trap({"strata": {"1": trap["1"]}})

@@ -391,12 +391,25 @@ def strata_section(seeds: list[dict]) -> list[str]:
         cells = [f"{found[k]['em']:.2f} (n {found[k]['n']})" if k in found else "-" for k in summary]
         drawn = f"{check.get('questions', '?')} x {check.get('samples_per_question', '?')}"
         per_seed.append([s["folder"], drawn, *cells])
+    trapped = [s["folder"] for s in checked if in_the_trap(s["strata_warmup"])]
+    trap_line = ([f"Started in the trap (two searches' EM below one search's after the warm-up, the regime's "
+                  f"premise): {len(trapped)} of {len(checked)} seed(s)"
+                  + (f"; not: {', '.join(s['folder'] for s in checked if s['folder'] not in trapped)}"
+                     if len(trapped) < len(checked) else "") + ".", ""]
+                 if any(s.get("regime") == "trap" for s in checked) else [])
     return [f"Strata after the warm-up (sampled trajectories on held-out two-hop questions, by search count; "
             f"{len(checked)} of {len(seeds)} seed(s) made the check). Share and EM: mean over seeds ± std "
             "[95 % t-interval] (EM over the seeds whose check saw the stratum); pooled: all seeds' trajectories:", "",
-            format_table(["stratum", "seeds", "share", "EM", "pooled n", "pooled EM"], rows), "",
+            format_table(["stratum", "seeds", "share", "EM", "pooled n", "pooled EM"], rows), "", *trap_line,
             "Each seed's strata (EM, trajectories):", "",
             format_table(["seed folder", "questions x samples", *(r[0] for r in rows)], per_seed)]
+
+
+def in_the_trap(check: dict) -> bool:
+    """Whether a strata check saw the trap regime's premise: the two-search stratum's EM below the
+    one-search one's (both strata sampled)."""
+    found = check.get("strata") or {}
+    return "1" in found and "2" in found and found["2"]["em"] < found["1"]["em"]
 
 
 def settled_section(seeds: list[dict]) -> list[str]:
