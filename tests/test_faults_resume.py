@@ -27,10 +27,13 @@ BASE = ["--actor.model_name_or_path", "Qwen/Qwen2.5-3B", "--train.agent_func_pat
 
 
 def _resume_lines() -> list[list[str]]:
-    """The flag lines of the deploy section's code block (comments cut)."""
+    """The flag lines of the deploy section's "your own command" block (the one that marks its
+    first run; the launch scripts' block before it is run by tests/test_docs_commands.py), comments
+    cut."""
     text = DEPLOY.read_text()
     section = text[text.index("# Resuming a cluster run after the driver dies"):]  # its heading, any level
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    block = next(b for b in blocks if "# first run" in b)
     return [shlex.split(line.split("#")[0]) for line in block.splitlines() if line.strip()]
 
 

@@ -219,7 +219,8 @@ def test_cpu_study_runs_the_arms_in_one_process_and_writes_a_trap_seed(tmp_path)
     seed = shifted_seed(3)
     rc = load_script().main(["--out", str(out), "--smoke", "--seeds", str(seed), "--cpu", "trap",
                              "--arms", "grpo,sgrpo:0.8", "--session", "cpu", "--",
-                             "--steps", "1", "--heldout", "4", "--strata-check", "2", "--engine", "hf"])
+                             "--steps", "1", "--heldout", "4", "--strata-check", "2", "--engine", "hf",
+                             "--demos", "8"])
     assert rc == 0
     (committed,) = read_seeds(out / "seeds")
     assert committed["folder"] == f"cpu_cpu_seed{seed}" and committed["regime"] == "trap"
