@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import signal
 import sys
 
 import pytest
@@ -123,7 +124,16 @@ def sandbox_fusion_returncode(code: str, workdir) -> int:
                                                      stderr=asyncio.subprocess.DEVNULL)
         return await proc.wait()
 
-    return asyncio.run(run())
+    # SandboxFusion's server (uvicorn) handles SIGINT, so its children start with the default
+    # action; a test process started in the background of a non-interactive shell inherits SIGINT
+    # ignored, and an exec keeps it ignored: give the reference its server's disposition.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return asyncio.run(run())
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 ENDINGS = {
