@@ -28,6 +28,9 @@ def test_modules_past_one_and_a_half_times_their_budget_are_named():
     assert not any("test_b.py took" in line for line in lines)
     assert "   100.0 s  tests/test_a.py::t1" in lines[2]  # the slowest set-up first
     assert any("no budget for 1 module(s)" in line and "tests/test_c.py 5 s" in line for line in lines)
+    at = lines.index("the 3 slowest modules (their budget, where tests/budget.toml has one):")
+    assert lines[at + 1:at + 4] == ["    161.0 s  tests/test_a.py  (budget 100 s)", "     14.0 s  tests/test_b.py  (budget 10 s)",
+                                    "      5.0 s  tests/test_c.py"]
 
 
 def test_a_bad_budget_file_names_itself(tmp_path):

@@ -2,8 +2,8 @@
 
 Why: the suite grew from 23 to 39 minutes on one processor in four days (issue #59) and nobody saw
 it happen until a fresh-clone run. At the end of every run (the controller's terminal summary, so
-it covers both xdist workers) this prints the suite's total test time, its ten slowest set-ups and
-its ten slowest calls, and a warning line for every module whose tests took more than 1.5 times
+it covers both xdist workers) this prints the suite's total test time, its ten slowest set-ups,
+calls and modules, and a warning line for every module whose tests took more than 1.5 times
 the seconds ``tests/budget.toml`` expects of it. A warning, not a failure: machines differ (AVX2 or
 AVX-512, a quiet or a shared box), and the budget is there to make growth visible, not to gate.
 
@@ -51,6 +51,9 @@ class SuiteClock:
             rows = sorted((p for p in self.phases if p[1] == when), reverse=True)[:SLOWEST]
             out.append(f"the {len(rows)} slowest {title}:")
             out += [f"  {s:7.1f} s  {nodeid}" for s, _, nodeid in rows]
+        modules = sorted(self.modules.items(), key=lambda item: -item[1])[:SLOWEST]
+        out.append(f"the {len(modules)} slowest modules (their budget, where tests/budget.toml has one):")
+        out += [f"  {s:7.1f} s  {m}" + (f"  (budget {budget[m]:.0f} s)" if m in budget else "") for m, s in modules]
         for module, seconds, expected in self.over_budget(budget):
             out.append(f"warning: {module} took {seconds:.0f} s, {seconds / expected:.1f}x its budget of "
                        f"{expected:.0f} s (tests/budget.toml)")
