@@ -23,7 +23,7 @@ from openrlhf_sgrpo.local.experience import Batch, collate, tensorize_response
 from openrlhf_sgrpo.local.experience_maker import make_experience
 from openrlhf_sgrpo.local.loss import LossConfig, action_log_probs
 from openrlhf_sgrpo.local.shared_prefix import action_log_probs_shared, shared_prefix_len
-from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig
+from openrlhf_sgrpo.local.trainer import LocalTrainer, TrainConfig, _mean_over_updates
 from openrlhf_sgrpo.sapo import SAPOConfig
 from openrlhf_sgrpo.testing import shifted_seed
 
@@ -148,6 +148,11 @@ def test_a_step_with_every_row_skipped_still_moves_the_weights_as_adamw_does(tin
         results.append((after, updates))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-7)
     assert results[1][1][0]["zero_advantage_samples_skipped"] == GROUP
+    # the step's record (what train_step logs) has the full pass's keys and values: the fourth trap
+    # seed's GRPO arm died at a step like this one (KeyError: 'log_ratio_max')
+    full, skipped = (_mean_over_updates(updates) for _, updates in results)
+    assert set(skipped) - {"zero_advantage_samples_skipped"} == set(full)
+    assert {k: skipped[k] for k in full if k != "grad_norm"} == pytest.approx({k: v for k, v in full.items() if k != "grad_norm"})
 
 
 def test_the_shortcuts_refuse_settings_where_they_would_not_be_exact(tiny, tmp_path):

@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 # Stats whose micro-batch values are already normalized by the optimizer step's tokens (the
 # loss terms): they add up over the window (after DeepSpeed's 1/gas); the rest are token means.
 LOSS_TERMS = ("policy_loss", "kl", "sapo/term")
+# What the objective reports for a row with a zero advantage whose log-probs equal the old ones;
+# skipping is exact only without KL and SAPO (TrainConfig.skips_exactly), so these are all it has.
+SKIPPED_ROW_STATS = ("policy_loss", "clip_ratio", "ppo_kl", "log_ratio_max")
 
 
 @dataclass(frozen=True)
@@ -503,6 +506,9 @@ class LocalTrainer:
                     out[k] = out.get(k, 0.0) + v / gas
                 else:
                     out[k] = out.get(k, 0.0) + v * stats["_tokens"] / tokens
+        if skipped_rows:  # a window of skipped rows only: the full pass's stats there, exactly
+            for k in SKIPPED_ROW_STATS:  # (ratio 1, advantage 0: no loss, no clipping, no KL, log ratio 0)
+                out.setdefault(k, 0.0)
         out = {**out, "grad_norm": float(grad_norm), "tokens": tokens}
         if self.cfg.skips_exactly:
             out["zero_advantage_samples_skipped"] = skipped_rows
