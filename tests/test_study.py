@@ -92,6 +92,8 @@ def test_progress_lines_come_from_the_step_logs(tmp_path):
     with open(log, "a") as f:  # an evaluation without two-hop questions: NaN, written as null
         f.write(json.dumps({"phase": "eval_after", "step": 2, "time": 111.0, "hop1/em": 0.5, "hop2/em": None}) + "\n")
     assert read_progress(job, t0=100.0)[0].endswith("eval_after: held-out EM 1-hop 0.500 2-hop   -  ")
+    resumed = SeedJob(0, [], folder, tmp_path / "log")  # a --resume session started after all of it
+    assert read_progress(resumed, t0=200.0)[0].startswith("[study] (earlier) seed 0 grpo         step   1")
 
 
 def test_resume_skips_finished_seeds_and_resumes_started_ones(tmp_path):

@@ -132,7 +132,9 @@ def _step_line(job: SeedJob, path: Path, rec: dict, t0: float) -> str | None:
     """One progress line for a step-log record (train steps and held-out evaluations), else None."""
     where = path.parent.name if path.parent != job.folder else "run"
     phase, t = rec.get("phase"), rec.get("time") or time.time()
-    head = f"[study] T+{t - t0:6.0f} s seed {job.seed} {where:<12}"
+    # a resumed seed's records from before this session: shown (where it was), not as negative T+
+    clock = f"T+{t - t0:6.0f} s" if t >= t0 else "(earlier)"
+    head = f"[study] {clock} seed {job.seed} {where:<12}"
     fmt = lambda k: "  -  " if not isinstance(rec.get(k), (int, float)) else f"{rec[k]:.3f}"  # noqa: E731
     if phase == "train":
         prev = job.last_time.get(path)
