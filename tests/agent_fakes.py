@@ -10,7 +10,8 @@ What they fake, exactly:
   their own tests (tests/test_agent_services.py runs the agent against them; the `web` backend
   against the real `/search` proxy and a fake Serper is in tests/test_retriever_websearch.py).
 - `ScriptedEngine` stands in for vLLM's `generate`: it replays fixed action texts through the real
-  tokenizer, so episode logic is tested deterministically.
+  tokenizer, so episode logic is tested deterministically; `run_scripted_episodes` runs the real
+  agent (OpenRLHF's AgentExecutor contract) over one such engine per script.
 """
 
 from __future__ import annotations
@@ -149,3 +150,23 @@ class ScriptedEngine:
         out = self.completion_cls(0, self.tokenizer.decode(ids), ids, finish)
         return self.output_cls(list(prompt_token_ids), [out])
 
+
+def run_scripted_episodes(cfg, tok, scripts: list[list[str]], label: str, prompt: str = "task",
+                          max_len: int = 4096) -> list[dict]:
+    """The real agent's episodes, one per script, run concurrently as OpenRLHF runs a group;
+    the tool clients of ``cfg`` are closed afterwards (their sessions belong to the loop)."""
+    import asyncio
+
+    from agent_env.openrlhf_agent import AgentExecutor
+    from agent_env.tools import get_toolset
+    from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
+
+    async def main():
+        executor = AgentExecutor(cfg)
+        try:
+            return await asyncio.gather(*[
+                executor.execute(prompt, label, SamplingParams(max_tokens=None), max_len, tok,
+                                 ScriptedEngine(tok, s, RequestOutput, CompletionOutput)) for s in scripts])
+        finally:
+            await get_toolset(cfg).close()
+    return asyncio.run(main())

@@ -3,20 +3,16 @@
 Skips with the reason when a service cannot start here (e.g. no sandbox isolation available).
 """
 
-import asyncio
 import json
 
 import pytest
-from agent_fakes import ScriptedEngine
+from agent_fakes import run_scripted_episodes
 from peer_rules import search_r1_search_observation
 
 from agent_env import info_keys as K
 from agent_env import metadata as M
 from agent_env.config import config_from_dict
-from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 
 PASSAGES = [
     ("Paris", "Paris is the capital and most populous city of France."),
@@ -61,15 +57,7 @@ def tok():
 
 
 def run(cfg, tok, scripts, label):
-    async def main():
-        ex = AgentExecutor(cfg)
-        try:
-            return await asyncio.gather(*[
-                ex.execute("task", label, SamplingParams(max_tokens=None), 4096, tok,
-                           ScriptedEngine(tok, s, RequestOutput, CompletionOutput)) for s in scripts])
-        finally:
-            await get_toolset(cfg).close()
-    return asyncio.run(main())
+    return run_scripted_episodes(cfg, tok, scripts, label)
 
 
 @pytest.mark.slow

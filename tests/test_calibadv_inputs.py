@@ -12,20 +12,16 @@ loopback HTTP server (tests/agent_fakes.py); the experiences come from OpenRLHF'
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
 import torch
-from agent_fakes import MiniToolServer, ScriptedEngine
+from agent_fakes import MiniToolServer, run_scripted_episodes
 
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
-from agent_env.openrlhf_agent import AgentExecutor
 from agent_env.think import think_text, word_similarity
-from agent_env.tools import get_toolset
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 
 MAX_LEN = 2048
 GROUP = 4
@@ -37,16 +33,7 @@ def tok():
 
 
 def run(cfg, tok, scripts: list[list[str]], label: str = '["Paris"]') -> list[dict]:
-    async def main():
-        executor = AgentExecutor(cfg)
-        try:
-            return await asyncio.gather(*[
-                executor.execute("Where is the Louvre?", label, SamplingParams(max_tokens=None), MAX_LEN, tok,
-                                 ScriptedEngine(tok, s, RequestOutput, CompletionOutput))
-                for s in scripts])
-        finally:
-            await get_toolset(cfg).close()
-    return asyncio.run(main())
+    return run_scripted_episodes(cfg, tok, scripts, label, "Where is the Louvre?", MAX_LEN)
 
 
 def agent_config(srv: MiniToolServer, **overrides):

@@ -13,7 +13,6 @@ A bind other machines can reach is refused without a token, naming both ways out
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -26,17 +25,15 @@ from pathlib import Path
 
 import pytest
 import requests
-from agent_fakes import ScriptedEngine
+from agent_fakes import run_scripted_episodes
 from fake_serper import FakeSerper
 from prom_samples import samples, value
 from raw_http import read_response
 
 from agent_env import info_keys as K
 from agent_env.config import config_from_dict
-from agent_env.openrlhf_agent import AgentExecutor
-from agent_env.tools import TOKEN_ENV, get_toolset
+from agent_env.tools import TOKEN_ENV
 from openrlhf_sgrpo import assets
-from openrlhf_sgrpo.engine.sampling import CompletionOutput, RequestOutput, SamplingParams
 from retriever_server.background import ServerProcess
 from sandbox.process import SandboxProcess, SandboxStartError
 
@@ -284,15 +281,7 @@ def tok():
 
 
 def _episodes(cfg, tok, scripts, label):
-    async def main():
-        ex = AgentExecutor(cfg)
-        try:
-            return await asyncio.gather(*[
-                ex.execute("task", label, SamplingParams(max_tokens=None), 4096, tok,
-                           ScriptedEngine(tok, s, RequestOutput, CompletionOutput)) for s in scripts])
-        finally:
-            await get_toolset(cfg).close()
-    return asyncio.run(main())
+    return run_scripted_episodes(cfg, tok, scripts, label)
 
 
 SCRIPT = ["<think>look it up</think><search>capital of France</search>", "<code>print(6 * 7)</code>",
