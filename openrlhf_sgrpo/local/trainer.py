@@ -506,7 +506,7 @@ class LocalTrainer:
                     out[k] = out.get(k, 0.0) + v / gas
                 else:
                     out[k] = out.get(k, 0.0) + v * stats["_tokens"] / tokens
-        if skipped_rows:  # a window of skipped rows only: the full pass's stats there, exactly
+        if skipped_rows:  # a stat no live row wrote (a window of skipped rows only): the full pass's, exactly
             for k in SKIPPED_ROW_STATS:  # (ratio 1, advantage 0: no loss, no clipping, no KL, log ratio 0)
                 out.setdefault(k, 0.0)
         out = {**out, "grad_norm": float(grad_norm), "tokens": tokens}
