@@ -270,9 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     from openrlhf_sgrpo.engine.vllm import VLLMUnavailable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
+
     args = parse_args(argv)
     try:
-        run(args)
+        with SigtermInterrupts():  # a scheduler's SIGTERM: the checkpoint kept, the engine shut, as Ctrl-C
+            run(args)
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with: python -m openrlhf_sgrpo.demo --out {args.out} --resume"
               + (f" --arms {args.arms}" if args.arms else " --compare" if args.compare else ""), file=sys.stderr)

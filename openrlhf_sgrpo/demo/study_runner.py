@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
+from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
+
 DONE = "study_done.json"  # written in a seed's folder when its process exited 0 (--resume skips it)
 
 
@@ -217,6 +219,7 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
     last_start = 0.0
     say(f"[study] {len(pending)} demo process(es), {width} at a time"
         + (f", each vLLM engine {gpu_share:g} of the GPU's memory" if gpu_share is not None else ""))
+    stop = SigtermInterrupts().install()  # kill / a scheduler: the demos wind down as on Ctrl-C
     try:
         while pending or running:
             for job in list(pending):
@@ -254,11 +257,12 @@ def run_parallel(seeds: list[int], out: Path, arms: str, demo_args: list[str], r
                         f"log: {job.log}")
     except KeyboardInterrupt:
         say("[study] interrupted: waiting for the demo processes to keep their checkpoints (--resume continues)")
-        _wind_down(running)
+        _wind_down(running, forward=stop.received)
         for job in running:
             results[job.name] = job.proc.returncode if job.proc.returncode is not None else -2
         raise
     finally:
+        stop.restore()
         progress.close()
     return results
 
@@ -280,8 +284,14 @@ def _start(job: SeedJob, env: dict, t0: float, say: Callable[[str], None]) -> No
     say(f"[study] T+{job.started - t0:6.0f} s {job.name} started (pid {job.proc.pid}), log {job.log}")
 
 
-def _wind_down(running: list[SeedJob], grace_s: float = 60.0) -> None:
-    """Let the demos (which got the same SIGINT) save and exit; then end the ones still running."""
+def _wind_down(running: list[SeedJob], grace_s: float = 60.0, forward: bool = False) -> None:
+    """Let the demos save and exit; then end the ones still running (SIGTERM: each saves as on
+    Ctrl-C). A terminal's Ctrl-C reached them already; ``forward``: the runner alone was sent
+    SIGTERM (``kill``, a scheduler), so each demo is sent one now."""
+    if forward:
+        for job in running:
+            if job.proc.poll() is None:
+                job.proc.terminate()
     deadline = time.time() + grace_s
     for job in running:
         try:
