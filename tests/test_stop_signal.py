@@ -60,3 +60,21 @@ def test_the_runner_forwards_a_sigterm_it_alone_received(tmp_path):
     _wind_down([waited], grace_s=2, forward=False)  # the demo had the terminal's SIGINT: give it time
     assert time.monotonic() - t0 >= 2
     assert waited.proc.wait(timeout=10) == 130  # then the same SIGTERM ends it, as a save
+
+
+def test_outside_the_main_thread_it_leaves_the_disposition_alone():
+    """A caller that runs the demo in a thread gets the demo without the handler, not a ValueError."""
+    import threading
+
+    from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def body():
+        with SigtermInterrupts():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    worker = threading.Thread(target=body)
+    worker.start()
+    worker.join()
+    assert seen == [before] and signal.getsignal(signal.SIGTERM) == before

@@ -16,6 +16,7 @@ stop that must not wait still can.
 from __future__ import annotations
 
 import signal
+import threading
 from types import FrameType
 
 
@@ -27,6 +28,7 @@ class SigtermInterrupts:
     def __init__(self) -> None:
         self.received = False
         self._previous = None
+        self._installed = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = True
@@ -34,12 +36,18 @@ class SigtermInterrupts:
         raise KeyboardInterrupt(f"signal {signum} (SIGTERM)")
 
     def install(self) -> "SigtermInterrupts":
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        """Python takes signal handlers from the main thread only: called from another (a caller
+        that runs the demo in a thread), it leaves the disposition alone."""
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            self._installed = True
         return self
 
     def restore(self) -> None:
         """The disposition from before :meth:`install` (a handler outside ours stays in charge)."""
-        signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+        if self._installed:  # None: the previous handler was not set from Python; the default stands in
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
 
     def __enter__(self) -> "SigtermInterrupts":
         return self.install()
