@@ -6,10 +6,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from openrlhf_sgrpo.demo.study_runner import SeedJob, _wind_down
+from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
 
 REPO = Path(__file__).resolve().parent.parent
 # a stand-in for a demo: it says it is ready, and on KeyboardInterrupt it "saves" (prints) and exits 130
@@ -64,10 +66,6 @@ def test_the_runner_forwards_a_sigterm_it_alone_received(tmp_path):
 
 def test_outside_the_main_thread_it_leaves_the_disposition_alone():
     """A caller that runs the demo in a thread gets the demo without the handler, not a ValueError."""
-    import threading
-
-    from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
-
     before, seen = signal.getsignal(signal.SIGTERM), []
 
     def body():
