@@ -184,9 +184,15 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
+
     args = parse_args(argv)
     try:
-        t = ask(args)
+        with SigtermInterrupts():  # a scheduler's kill: the engine and the services shut, as on Ctrl-C
+            t = ask(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except (ConfigError, FileNotFoundError, ValueError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -125,3 +125,57 @@ def test_bad_input_is_named(tmp_path):
     assert proc.returncode == 2 and "--checkpoint" in proc.stderr and "is not a folder" in proc.stderr
     proc = ask("q", "--index", "x", "--model", str(tmp_path / "no_model"), "--engine", "hf")
     assert proc.returncode == 2 and "no_model" in proc.stderr and "neither one of" in proc.stderr
+
+
+class HoldingHandler(SearchR1Handler):
+    """Search-R1's /retrieve that holds each request until the test lets it go: the agent is then
+    waiting on its tool, with the engine up, when the test signals it."""
+
+    arrived: threading.Event
+    release: threading.Event
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        type(self).arrived.set()
+        type(self).release.wait(120)
+        super().do_POST()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # the fitted policy is fitted once per machine
+def test_sigterm_shuts_the_engine_and_leaves_no_process():
+    """A scheduler's ``kill`` (SIGTERM) ends ``ask`` as Ctrl-C does: exit 130, and vLLM's engine core,
+    a child process, gone with it (Python's default for SIGTERM runs no ``finally``, and the engine
+    core was left running under init). Signalled while its search is held by the retriever."""
+    import os
+    import signal
+
+    import psutil
+
+    handler = type("Held", (HoldingHandler,), {"arrived": threading.Event(), "release": threading.Event()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cmd = [sys.executable, "-m", "openrlhf_sgrpo.ask", "--engine", "vllm", "--template", TEMPLATE,
+           "--max-turns", "2", "--max-tokens-per-turn", "24", "--max-len", "2048", "--model",
+           str(fitted_policy_dir()), "--retriever-url", f"http://127.0.0.1:{server.server_port}/retrieve",
+           QUESTION]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+    started: list[psutil.Process] = []
+    try:
+        assert handler.arrived.wait(600), "ask never searched"
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "vLLM runs its engine core in a process of its own"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 130 and "interrupted" in out, out[-3000:]
+        _, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, [(p.pid, p.name()) for p in alive]
+    finally:  # nothing of this test outlives it, whatever failed
+        handler.release.set()
+        for p in [*started, *([psutil.Process(proc.pid)] if proc.poll() is None else [])]:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        server.shutdown()
+        server.server_close()

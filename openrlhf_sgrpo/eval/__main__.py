@@ -228,10 +228,15 @@ def dry_run(args: argparse.Namespace, datasets: dict[str, list[Question]], gaia_
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    from openrlhf_sgrpo.local.stop_signal import SigtermInterrupts
     from sandbox.process import SandboxStartError
 
     try:
-        run(args)
+        with SigtermInterrupts():  # a scheduler's kill: the engine and the services shut, as on Ctrl-C
+            run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except (DataError, ConfigError, FileNotFoundError, VLLMUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
