@@ -20,14 +20,19 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import os
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from openrlhf_sgrpo.openrlhf_ext.gpu_import_standins import GPU_ONLY_MODULES, VLLM_SAMPLING_DEFAULTS, install
 
+if TYPE_CHECKING:
+    import psutil
+
 __all__ = ["GPU_ONLY_MODULES", "VLLM_SAMPLING_DEFAULTS", "after_import", "dispatch_gemm_as_on_amx",
-           "install_gpu_import_stubs", "install_vllm_gemm_choice", "pythonpath_led_by", "seed_shift", "shifted_seed",
+           "install_gpu_import_stubs", "install_vllm_gemm_choice", "kill_left_over", "pythonpath_led_by", "seed_shift", "shifted_seed",
            "vllm_gemm_choice"]
 
 SEED_SHIFT_ENV = "SGRPO_TEST_SEED_SHIFT"
@@ -139,3 +144,19 @@ def after_import(name: str, then: Callable[[ModuleType], None]) -> None:
         then(sys.modules[name])
     else:
         sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+def kill_left_over(proc: subprocess.Popen, children: Iterable[psutil.Process]) -> None:
+    """Kill ``proc`` (if still running) and the ``children`` it started, ignoring those already gone.
+
+    Why: a test that signals an entry point and asserts its children exit must leave nothing behind
+    when an assertion fails part-way; a vLLM engine core left under init holds gigabytes.
+    """
+    import psutil
+
+    left = [*children, *([psutil.Process(proc.pid)] if proc.poll() is None else [])]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass

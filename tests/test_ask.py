@@ -22,6 +22,7 @@ import pytest
 
 from fitted_policy import QUESTIONS, TEMPLATE, fitted_policy_dir
 from openrlhf_sgrpo.ask import format_trajectory, parse_args
+from openrlhf_sgrpo.testing import kill_left_over
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = QUESTIONS[0][0]  # the fitted policy searches "france" for it
@@ -172,10 +173,6 @@ def test_sigterm_shuts_the_engine_and_leaves_no_process():
         assert not alive, [(p.pid, p.name()) for p in alive]
     finally:  # nothing of this test outlives it, whatever failed
         handler.release.set()
-        for p in [*started, *([psutil.Process(proc.pid)] if proc.poll() is None else [])]:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_left_over(proc, started)
         server.shutdown()
         server.server_close()

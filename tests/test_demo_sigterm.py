@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from openrlhf_sgrpo.local.checkpoint import latest_checkpoint
-from openrlhf_sgrpo.testing import shifted_seed
+from openrlhf_sgrpo.testing import kill_left_over, shifted_seed
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parent.parent
@@ -56,8 +56,4 @@ def test_sigterm_in_training_keeps_a_checkpoint_and_leaves_no_process(tmp_path):
         gone, alive = psutil.wait_procs(started, timeout=15)
         assert not alive, [(p.pid, p.name()) for p in alive]
     finally:  # nothing of this test outlives it, whatever failed
-        for p in [*started, psutil.Process(proc.pid)] if proc.poll() is None else started:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_left_over(proc, started)

@@ -344,8 +344,9 @@ def test_strata_after_the_warm_up_pool_like_hand_counts(tmp_path):
     assert "2 of 3 seed(s) made the check" in table
     assert row(table, "1 search")[4:] == ["76", f"{40 / 76:.3f} (40/76)"]
     assert row(table, "2 searches")[4:] == ["48", f"{13 / 48:.3f} (13/48)"]
-    assert row(table, "s1_cpu_seed1")[1:] == ["8 x 8", "0.00 (n 4)", "0.56 (n 36)", "0.29 (n 24)"]  # its own
-    assert row(table, "s1_cpu_seed0")[1:] == ["8 x 8", "-", "0.50 (n 40)", "0.25 (n 24)"]
+    own = table.split("Each seed's strata")[1]  # the seed folders also head rows of its paired differences
+    assert row(own, "s1_cpu_seed1")[1:] == ["8 x 8", "0.00 (n 4)", "0.56 (n 36)", "0.29 (n 24)"]  # its own
+    assert row(own, "s1_cpu_seed0")[1:] == ["8 x 8", "-", "0.50 (n 40)", "0.25 (n 24)"]
 
 
 def test_missing_malformed_and_old_seed_folders_are_named(tmp_path, capsys):
@@ -442,3 +443,20 @@ def test_trap_seeds_say_whether_they_started_in_the_trap(tmp_path):
     search_section = next(v for k, v in by_heading.items() if k.startswith("search regime"))
     assert "Started in the trap" not in search_section
     assert study_report.in_the_trap({"strata": trap}) and not study_report.in_the_trap({"strata": {"1": trap["1"]}})
+
+
+def test_each_seeds_paired_differences_name_its_processor(tmp_path):
+    """A few seeds are read one by one: each seed's own arm - GRPO, and the processor kind it ran on
+    (a seed repeats itself only on one kind of CPU)."""
+    for k, (isa, em2) in enumerate((("avx2 avx512f avx512_bf16", 0.75), ("avx2", 0.25))):
+        run = make_run(tmp_path, k, heldout={GRPO: {"hop2/em": 0.5}, SGRPO: {"hop2/em": em2}})
+        (run / "environment.json").write_text(json.dumps({"device": "cpu", "cpu_isa": isa}))
+        export_seed(run, k, ARMS, tmp_path / "seeds", "s1", ["--seeds", str(k)], commit="abc")
+    seeds = read_seeds(tmp_path / "seeds")
+    assert [study_report.processor_kind(s) for s in seeds] == ["AVX-512 BF16", "AVX2"]
+    assert study_report.processor_kind({"device": "NVIDIA H200"}) == "NVIDIA H200"
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    lines = [ln for ln in table.splitlines() if ln.startswith("| s1_cpu_seed") and f"{SGRPO} - GRPO" in ln]
+    assert [[c.strip() for c in ln.strip("|").split("|")][:4] for ln in lines] == [
+        ["s1_cpu_seed0", "AVX-512 BF16", f"{SGRPO} - GRPO", "+0.250"], ["s1_cpu_seed1", "AVX2", f"{SGRPO} - GRPO", "-0.250"]]
+    assert sum(f"{RANDOM} - GRPO" in ln and ln.startswith("| s1_cpu_seed") for ln in table.splitlines()) == 2

@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, demo_args = parse(argv)
     out = Path(args.out)
+    commit = git_commit()  # the code the seeds run: read before they start, not after hours of edits
     interrupted = False
     try:
         codes = run_parallel(args.seeds, out, args.arms, demo_args, resume=args.resume, jobs=args.jobs,
@@ -127,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130 if interrupted else 1
     runs = {s: seed_runs(out, s, args.arms, args.split_arms) for s in done}
     env_path = seed_dir(out, done[0]) / "environment.json"
-    commit = git_commit()
     seeds_out = Path(args.seeds_out) if args.seeds_out else out / "seeds"
     folders = [export_seed(seed_dir(out, s), s, args.arms, seeds_out, args.session, argv, commit, runs[s]) for s in done]
     record = write_session(out, argv, args.session, json.loads(env_path.read_text()) if env_path.exists() else None,

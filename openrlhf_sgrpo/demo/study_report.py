@@ -358,6 +358,37 @@ def arms_table(seeds: list[dict]) -> str:
     return format_table(["arm (held-out after RL)", "seeds", *(c for c, _ in COLUMNS)], rows)
 
 
+def processor_kind(seed: dict) -> str:
+    """The seed's processor as its widest vector unit (AMX, AVX-512 BF16, AVX-512, AVX2) for a CPU
+    seed, the device itself otherwise. Why: the CPU's kernels differ by instruction set, so a seed
+    repeats itself only on one kind, and a reader of a few seeds should see which kind each was."""
+    if seed.get("device") != "cpu":
+        return str(seed.get("device") or "?")
+    isa = set(str((seed.get("environment") or {}).get("cpu_isa") or "").split())
+    for flag, name in (("amx_tile", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in isa:
+            return name
+    return "?"
+
+
+def per_seed_differences(seeds: list[dict], baseline: str = BASELINE) -> list[list]:
+    """One row per (seed, arm other than ``baseline``): the paired differences of that seed alone,
+    so that a few seeds can be read one by one, with the processor each ran on."""
+    rows = []
+    for s in seeds:
+        if baseline not in s["arms"]:
+            continue
+        for label in s["arms"]:
+            if label == baseline:
+                continue
+            cells = []
+            for key, _ in PAIRED:
+                a, b = _value(s, label, ("heldout", key)), _value(s, baseline, ("heldout", key))
+                cells.append(f"{float(a) - float(b):+.3f}" if _finite([a]) and _finite([b]) else "-")
+            rows.append([s["folder"], processor_kind(s), f"{label} - {baseline}", *cells])
+    return rows
+
+
 def paired_section(seeds: list[dict]) -> list[str]:
     """The paired differences' table, and a line per seed whose arms' start weights are in doubt."""
     diffs = paired_differences(seeds)
@@ -373,7 +404,9 @@ def paired_section(seeds: list[dict]) -> list[str]:
     return [f"Paired differences on held-out after RL, per seed arm minus {BASELINE} (every arm of a seed starts "
             "from the same warm-up weights, start_weights); over seeds: mean ± sample std [95 % t-interval]:", "",
             format_table(["arm - GRPO (held-out)", "seeds", *(c for _, c in PAIRED)], rows),
-            *([""] + flags if flags else [])]
+            *([""] + flags if flags else []), "", "Each seed's paired differences:", "",
+            format_table(["seed folder", "processor", "arm - GRPO", *(c for _, c in PAIRED)],
+                         per_seed_differences(seeds))]
 
 
 def strata_section(seeds: list[dict]) -> list[str]:
