@@ -236,4 +236,25 @@ def test_cpu_study_runs_the_arms_in_one_process_and_writes_a_trap_seed(tmp_path)
     assert list(committed["arms"]) == labels
     assert len({committed["arms"][label]["start_weights"] for label in labels}) == 1  # one warm-up, both arms
     assert all(len(committed["steps"][label]) == 1 for label in labels)
-    assert "## trap regime, cpu: 1 seed(s)" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "## trap regime, cpu: 1 seed(s)" in table
+    # the paths of the two-hop trajectories, from the rollout records, agree with the step's and the
+    # held-out evaluation's own two-search share (another code path: demo/hops.py, from the episodes)
+    two_search = ("right_bridge", "wrong_bridge", "other_second", "three_plus")
+    for label in labels:
+        (step,) = committed["steps"][label]
+        shares = {k.split("/")[1]: v for k, v in step.items() if k.startswith("path/") and k.endswith("/share")}
+        assert shares and sum(shares.values()) == pytest.approx(1.0, abs=1e-3), step
+        assert sum(shares.get(k, 0.0) for k in two_search) == pytest.approx(step["hop2/two_search_share"], abs=1e-3)
+        arm = committed["arms"][label]
+        held = arm["heldout_paths"]
+        n = sum(c["n"] for c in held.values())
+        assert n == 2  # --heldout 4: two two-hop questions, one greedy trajectory each
+        assert sum(held[k]["n"] for k in two_search if k in held) / n == pytest.approx(arm["heldout"]["hop2/two_search_share"])
+        assert sum(c["n"] * c["em"] for c in held.values()) / n == pytest.approx(arm["heldout"]["hop2/em"])
+    assert "Paths on two-hop questions" in table
+    from openrlhf_sgrpo.demo.study_runner import seed_dir
+    from openrlhf_sgrpo.demo.trap_paths import run_report
+
+    report = run_report(seed_dir(out, seed))
+    assert all(f"### {label}" in report for label in labels) and report.count("held-out after RL") == 2

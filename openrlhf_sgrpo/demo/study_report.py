@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openrlhf_sgrpo.demo.study_seeds import SCHEMA, SETTINGS, device_tag
+from openrlhf_sgrpo.demo.trap_paths import PATH_PREFIX, PATHS
 from openrlhf_sgrpo.eval.table import format_table
 
 # two-sided 95 % quantiles of Student's t, df 1..30 (t_{0.975, df}); beyond, a Cornish-Fisher expansion
@@ -470,6 +471,61 @@ def times_section(seeds: list[dict]) -> list[str]:
             format_table(["session", "device", "arm", "seeds", "s/step"], trows) if trows else "(no step times)"]
 
 
+PATH_WINDOW = 4  # steps per row of the paths table
+
+
+def _window_paths(rows: list[dict], steps: range) -> dict[str, tuple[float, float]] | None:
+    """slug -> (mean share, share-weighted EM sum) over a seed's steps in ``steps`` (every step of
+    the trap world trains on the same number of two-hop trajectories, so share weights are counts),
+    or None where those steps logged no path."""
+    picked = [r for r in rows if r["step"] in steps and any(k.startswith(PATH_PREFIX) for k in r)]
+    if not picked:
+        return None
+    out = {}
+    for slug, _ in PATHS:
+        shares = [float(r.get(f"{PATH_PREFIX}{slug}/share") or 0.0) for r in picked]
+        wins = [float(r.get(f"{PATH_PREFIX}{slug}/share") or 0.0) * float(r.get(f"{PATH_PREFIX}{slug}/em") or 0.0)
+                for r in picked]
+        out[slug] = (sum(shares) / len(picked), sum(wins) / len(picked))
+    return out
+
+
+def paths_section(seeds: list[dict]) -> list[str]:
+    """The trap world's paths per arm (demo/trap_paths.py): the two-hop training trajectories in
+    windows of :data:`PATH_WINDOW` steps and the held-out two-hop questions after RL; [] where no
+    seed has them."""
+    if not any(k.startswith(PATH_PREFIX) for s in seeds for rows in s["steps"].values() for r in rows for k in r):
+        return []
+    lines = []
+    for label in arm_labels(seeds):
+        last = max((r["step"] for s in seeds for r in s["steps"].get(label) or []), default=0)
+        windows = [(f"steps {a}-{min(a + PATH_WINDOW - 1, last)}", range(a, a + PATH_WINDOW))
+                   for a in range(1, last + 1, PATH_WINDOW)]
+        for name, steps in windows:
+            per_seed = [w for s in seeds if (w := _window_paths(s["steps"].get(label) or [], steps))]
+            if not per_seed:
+                continue
+            cells = []
+            for slug, _ in PATHS:
+                share = sum(w[slug][0] for w in per_seed) / len(per_seed)
+                wins = sum(w[slug][1] for w in per_seed)
+                cells.append("-" if share == 0 else f"{share:.2f} ({wins / sum(w[slug][0] for w in per_seed):.2f})")
+            lines.append([label, name, len(per_seed), *cells])
+        held = [h for s in seeds if (h := (s["arms"].get(label) or {}).get("heldout_paths"))]
+        if held:
+            total = sum(c["n"] for h in held for c in h.values())
+            cells = []
+            for slug, _ in PATHS:
+                n = sum(h[slug]["n"] for h in held if slug in h)
+                wins = sum(h[slug]["n"] * h[slug]["em"] for h in held if slug in h)
+                cells.append("-" if n == 0 else f"{n / total:.2f} ({wins / n:.2f})")
+            lines.append([label, "held-out after RL", len(held), *cells])
+    return ["Paths on two-hop questions (trap world; demo/trap_paths.py, from the rollout records): per path its "
+            "share of the trajectories, mean over seeds, and (its EM, pooled); 2 = two searches, by the second "
+            "query: the birth town (right bridge), the work town (wrong bridge) or anything else:", "",
+            format_table(["arm", "when", "seeds", *(name for _, name in PATHS)], lines)]
+
+
 def group_section(group: Group) -> str:
     """One group's markdown section: heading, settings, and every table of it, its figure."""
     seeds = group.seeds
@@ -489,6 +545,7 @@ def group_section(group: Group) -> str:
             f"Seeds: {', '.join(str(s['seed']) for s in seeds)}.",
             "Cells: mean over seeds ± sample std [95 % t-interval of the mean]; one seed: the value alone.",
             *repeats, *arm_flags, "", arms_table(seeds), "", *paired_section(seeds), "", *strata_section(seeds), "",
+            *((paths + [""]) if (paths := paths_section(seeds)) else []),
             *settled_section(seeds), "", *times_section(seeds), "", f"![{group.title}]({group.figure_name})"]
     return "\n".join(text)
 

@@ -14,7 +14,9 @@ seed folder (``<session>_<device>_seed<k>/``) holds exactly that in two files:
   (held-out after RL; ``settings_differ`` where an arm's own run folder had other settings);
 - ``steps.jsonl``: one line per (arm, step): ``arm``, ``step``, ``wall_s`` (seconds since the
   previous step, or since the arm started) and the :data:`STEP_KEYS` and ``sgrpo/stratum*`` keys
-  the step logged.
+  the step logged; in the trap world, from the arm's rollout records, the two-hop trajectories'
+  paths (``path/<slug>/share`` and ``/em``, :mod:`.trap_paths`), with ``heldout_paths`` per arm
+  in ``seed.json``.
 
 ``study_report.py`` reads every such folder; nothing is regenerated from the big run folders.
 """
@@ -146,12 +148,13 @@ def load_seed_run(folder: Path, arms: str, arm_runs: list[Path] | None = None) -
     warm = _last(run_records, "eval_warmup")
     settings = run_settings(folder, read_args(folder))
     result: dict = {"after_warmup": warm, "strata_warmup": _strata_warmup(run_records), "settings": settings,
-                    "arms": {}, "steps": {}, "arm_meta": {}}
+                    "arms": {}, "steps": {}, "arm_meta": {}, "arm_dirs": {}}
     for i, arm in enumerate(arms_for(argparse.Namespace(out=folder, arms=arms))):
         arm_dir = (Path(arm_runs[i]) / arm.dir.name) if arm_runs else arm.dir
         records = read_step_log(arm_dir / "metrics.jsonl")
         result["arms"][arm.label] = _last(records, "eval_after")
         result["steps"][arm.label] = _train_steps(records)
+        result["arm_dirs"][arm.label] = arm_dir
         start = _last(records, "arm_start") or {}
         result["arm_meta"][arm.label] = {"dir": arm.dir.name, "estimator": arm.estimator, "alpha": arm.alpha,
                                          "stratify_by": arm.stratify_by, "start_weights": start.get("weights")}
@@ -161,6 +164,23 @@ def load_seed_run(folder: Path, arms: str, arm_runs: list[Path] | None = None) -
             if differ:
                 result["arm_meta"][arm.label]["settings_differ"] = differ
     return result
+
+
+def trap_paths(run: dict) -> dict[str, tuple[dict[int, dict], dict | None]]:
+    """label -> (step -> the step's ``path/*`` fields, held-out path counts after RL) for a run of
+    the trap world with rollout records (:mod:`.trap_paths`); {} for another world."""
+    settings = run["settings"]
+    if settings.get("task") != "trap" or any(settings.get(k) is None for k in ("train_pairs", "heldout", "task_seed")):
+        return {}
+    from openrlhf_sgrpo.demo.trap_paths import arm_heldout_paths, arm_step_paths, step_fields, task_questions
+
+    questions = task_questions(settings)
+    out = {}
+    for label, arm_dir in run["arm_dirs"].items():
+        held = arm_heldout_paths(arm_dir, questions)
+        out[label] = ({step: step_fields(c) for step, c in arm_step_paths(arm_dir, questions).items()},
+                      {slug: {"n": int(n), "em": w / n} for slug, (n, w) in held.items() if n} if held else None)
+    return out
 
 
 def _pick(record: dict | None, keys) -> dict | None:
@@ -200,6 +220,7 @@ def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: st
     env_path = folder / "environment.json"
     env = json.loads(env_path.read_text()) if env_path.exists() else {}
     run = load_seed_run(folder, arms, arm_runs)
+    paths = trap_paths(run)
     dest = Path(dest_root) / f"{session}_{device_tag(env)}_seed{seed}"
     dest.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -208,7 +229,8 @@ def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: st
         "regime": run["settings"]["task"], "settings": run["settings"],
         "after_warmup": _pick(run["after_warmup"], HELDOUT_KEYS), "strata_warmup": run["strata_warmup"],
         "arms": {label: {**run["arm_meta"][label], "heldout": _pick(after, HELDOUT_KEYS),
-                         "steps": len(run["steps"][label])}
+                         "steps": len(run["steps"][label]),
+                         **({"heldout_paths": paths[label][1]} if label in paths and paths[label][1] else {})}
                  for label, after in run["arms"].items()},
     }
     (dest / "seed.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -220,6 +242,7 @@ def export_seed(folder: Path, seed: int, arms: str, dest_root: Path, session: st
             present = {m.group(1) for k, v in r.items() if (m := STRATUM_KEY.match(k)) and k.endswith("/share") and v}
             row.update({k: v for k, v in r.items() if (m := STRATUM_KEY.match(k)) and m.group(1) in present
                         and isinstance(v, (int, float))})
+            row.update(paths[label][0].get(r["step"], {}) if label in paths else {})
             lines.append(json.dumps({k: (round(v, 4) if k != "time" else round(v, 1)) if isinstance(v, float) else v
                                      for k, v in row.items()}, separators=(",", ":")))
     (dest / "steps.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""))
