@@ -460,3 +460,29 @@ def test_each_seeds_paired_differences_name_its_processor(tmp_path):
     assert [[c.strip() for c in ln.strip("|").split("|")][:4] for ln in lines] == [
         ["s1_cpu_seed0", "AVX-512 BF16", f"{SGRPO} - GRPO", "+0.250"], ["s1_cpu_seed1", "AVX2", f"{SGRPO} - GRPO", "-0.250"]]
     assert sum(f"{RANDOM} - GRPO" in ln and ln.startswith("| s1_cpu_seed") for ln in table.splitlines()) == 2
+
+
+def test_paths_table_means_shares_over_seeds_and_pools_em():
+    """The trap world's paths section: per window the mean over seeds of each path's share, its EM
+    pooled with share weights (every step holds the same number of two-hop trajectories), and the
+    held-out paths pooled by count."""
+    def rows(shares_em: list[dict]) -> list[dict]:
+        return [{"step": k + 1, **{f"path/{p}/{f}": v for p, (sh, em) in d.items() for f, v in (("share", sh), ("em", em))}}
+                for k, d in enumerate(shares_em)]
+    a = rows([{"one_search": (0.5, 0.5), "wrong_bridge": (0.5, 0.0)}] * 4)
+    b = rows([{"one_search": (1.0, 0.25)}] * 2 + [{"right_bridge": (1.0, 1.0)}] * 2)
+    seeds = [{"steps": {GRPO: a}, "arms": {GRPO: {"heldout_paths": {"one_search": {"n": 3, "em": 1 / 3}}}}},
+             {"steps": {GRPO: b}, "arms": {GRPO: {"heldout_paths": {"one_search": {"n": 1, "em": 1.0},
+                                                                     "right_bridge": {"n": 2, "em": 0.5}}}}}]
+    text = "\n".join(study_report.paths_section(seeds))
+    first = row(text, GRPO)  # steps 1-4
+    assert first[1:3] == ["steps 1-4", "2"]
+    names = [name for _, name in study_report.PATHS]
+    cells = dict(zip(names, first[3:]))
+    # one search: shares 0.5 and 0.5 (mean of 1, 1, 0, 0) -> 0.50; EM (0.5*0.5*4 + 1*0.25*2) / (0.5*4 + 2) = 0.375
+    assert cells["one search"] == "0.50 (0.38)" and cells["2: wrong bridge"] == "0.25 (0.00)"
+    assert cells["2: right bridge"] == "0.25 (1.00)" and cells["no search"] == "-"
+    held = next(ln for ln in text.splitlines() if "held-out after RL" in ln)
+    held_cells = dict(zip(names, [c.strip() for c in held.strip("|").split("|")][3:]))
+    assert held_cells["one search"] == "0.67 (0.50)" and held_cells["2: right bridge"] == "0.33 (0.50)"
+    assert study_report.paths_section([{"steps": {GRPO: [{"step": 1, "reward": 0.1}]}, "arms": {GRPO: {}}}]) == []
