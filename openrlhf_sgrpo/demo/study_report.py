@@ -264,15 +264,16 @@ def paired_differences(seeds: list[dict], baseline: str = BASELINE) -> dict[str,
             continue
         out[label] = {}
         for key, _ in PAIRED:
-            diffs = []
-            for s in seeds:
-                if label not in s["arms"] or baseline not in s["arms"]:
-                    continue
-                a, b = _value(s, label, ("heldout", key)), _value(s, baseline, ("heldout", key))
-                if _finite([a]) and _finite([b]):
-                    diffs.append(float(a) - float(b))
+            diffs = [d for s in seeds if label in s["arms"] and baseline in s["arms"]
+                     and (d := paired_difference(s, label, key, baseline)) is not None]
             out[label][key] = stats(diffs)
     return out
+
+
+def paired_difference(seed: dict, label: str, key: str, baseline: str = BASELINE) -> float | None:
+    """One seed's held-out ``key`` of arm ``label`` minus ``baseline``'s, None where either is not logged."""
+    a, b = _value(seed, label, ("heldout", key)), _value(seed, baseline, ("heldout", key))
+    return float(a) - float(b) if _finite([a]) and _finite([b]) else None
 
 
 def strata_summary(seeds: list[dict]) -> dict[str, dict]:
@@ -382,10 +383,8 @@ def per_seed_differences(seeds: list[dict], baseline: str = BASELINE) -> list[li
         for label in s["arms"]:
             if label == baseline:
                 continue
-            cells = []
-            for key, _ in PAIRED:
-                a, b = _value(s, label, ("heldout", key)), _value(s, baseline, ("heldout", key))
-                cells.append(f"{float(a) - float(b):+.3f}" if _finite([a]) and _finite([b]) else "-")
+            cells = ["-" if (d := paired_difference(s, label, key, baseline)) is None else f"{d:+.3f}"
+                     for key, _ in PAIRED]
             rows.append([s["folder"], processor_kind(s), f"{label} - {baseline}", *cells])
     return rows
 
