@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from openrlhf_sgrpo.demo.study_seeds import SCHEMA, SETTINGS, device_tag
-from openrlhf_sgrpo.demo.trap_paths import PATH_PREFIX, PATHS
+from openrlhf_sgrpo.demo.trap_paths import PATH_PREFIX, PATHS, path_cell, windows
 from openrlhf_sgrpo.eval.table import format_table
 
 # two-sided 95 % quantiles of Student's t, df 1..30 (t_{0.975, df}); beyond, a Cornish-Fisher expansion
@@ -498,18 +498,16 @@ def paths_section(seeds: list[dict]) -> list[str]:
     lines = []
     for label in arm_labels(seeds):
         last = max((r["step"] for s in seeds for r in s["steps"].get(label) or []), default=0)
-        windows = [(f"steps {a}-{min(a + PATH_WINDOW - 1, last)}", range(a, a + PATH_WINDOW))
-                   for a in range(1, last + 1, PATH_WINDOW)]
-        for name, steps in windows:
+        for name, steps in windows(last, PATH_WINDOW):
             per_seed = [w for s in seeds if (w := _window_paths(s["steps"].get(label) or [], steps))]
             if not per_seed:
                 continue
             cells = []
             for slug, _ in PATHS:
-                share = sum(w[slug][0] for w in per_seed) / len(per_seed)
-                wins = sum(w[slug][1] for w in per_seed)
-                cells.append("-" if share == 0 else f"{share:.2f} ({wins / sum(w[slug][0] for w in per_seed):.2f})")
-            lines.append([label, name, len(per_seed), *cells])
+                shares = sum(w[slug][0] for w in per_seed)
+                cells.append(path_cell(shares / len(per_seed), sum(w[slug][1] for w in per_seed) / shares)
+                             if shares else "-")
+            lines.append([label, f"steps {name}", len(per_seed), *cells])
         held = [h for s in seeds if (h := (s["arms"].get(label) or {}).get("heldout_paths"))]
         if held:
             total = sum(c["n"] for h in held for c in h.values())
@@ -517,7 +515,7 @@ def paths_section(seeds: list[dict]) -> list[str]:
             for slug, _ in PATHS:
                 n = sum(h[slug]["n"] for h in held if slug in h)
                 wins = sum(h[slug]["n"] * h[slug]["em"] for h in held if slug in h)
-                cells.append("-" if n == 0 else f"{n / total:.2f} ({wins / n:.2f})")
+                cells.append(path_cell(n / total, wins / n) if n else "-")
             lines.append([label, "held-out after RL", len(held), *cells])
     return ["Paths on two-hop questions (trap world; demo/trap_paths.py, from the rollout records): per path its "
             "share of the trajectories, mean over seeds, and (its EM, pooled); 2 = two searches, by the second "

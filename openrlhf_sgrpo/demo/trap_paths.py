@@ -116,8 +116,14 @@ def arm_heldout_paths(arm_dir: Path, questions: dict[str, TaskQuestion]) -> dict
     return count_paths(questions, read_groups(files[-1])) if files else None
 
 
-def _cell(n: float, wins: float, total: float) -> str:
-    return "-" if n == 0 else f"{n / total:.2f} ({wins / n:.2f})"
+def windows(last: int, window: int) -> list[tuple[str, range]]:
+    """("a-b", steps a..b) for steps 1..``last`` in blocks of ``window`` (the last block may be short)."""
+    return [(f"{a}-{min(a + window - 1, last)}", range(a, a + window)) for a in range(1, last + 1, window)]
+
+
+def path_cell(share: float, em: float) -> str:
+    """A path's table cell: its share and (its EM); a path no trajectory took is "-" (the callers')."""
+    return f"{share:.2f} ({em:.2f})"
 
 
 def paths_table(rows: list[tuple[str, dict[str, list[float]]]]) -> str:
@@ -128,7 +134,8 @@ def paths_table(rows: list[tuple[str, dict[str, list[float]]]]) -> str:
     cells = []
     for label, counts in rows:
         total = sum(n for n, _ in counts.values())
-        cells.append([label, int(total), *(_cell(n, w, total) for n, w in (counts[s] for s, _ in PATHS))])
+        cells.append([label, int(total), *(path_cell(n / total, w / n) if n else "-"
+                                           for n, w in (counts[s] for s, _ in PATHS))])
     return format_table(["steps", "two-hop trajectories", *(name for _, name in PATHS)], cells)
 
 
@@ -163,8 +170,7 @@ def run_report(run: Path, window: int = 4) -> str:
         if not steps:
             continue
         last = max(steps)
-        rows = [(f"{a}-{min(a + window - 1, last)}", _sum(steps[s] for s in steps if a <= s < a + window))
-                for a in range(1, last + 1, window)]
+        rows = [(name, _sum(steps[s] for s in steps if s in block)) for name, block in windows(last, window)]
         held = arm_heldout_paths(arm.dir, questions)
         if held is not None:
             rows.append(("held-out after RL", held))
