@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -29,8 +30,38 @@ def test_modules_past_one_and_a_half_times_their_budget_are_named():
     assert "   100.0 s  tests/test_a.py::t1" in lines[2]  # the slowest set-up first
     assert any("no budget for 1 module(s)" in line and "tests/test_c.py 5 s" in line for line in lines)
     at = lines.index("the 3 slowest modules (their budget, where tests/budget.toml has one):")
-    assert lines[at + 1:at + 4] == ["    161.0 s  tests/test_a.py  (budget 100 s)", "     14.0 s  tests/test_b.py  (budget 10 s)",
-                                    "      5.0 s  tests/test_c.py"]
+    assert lines[at + 1:at + 4] == ["    161.0 s  tests/test_a.py  (budget 100 s)  [set-up 62 %]",
+                                    "     14.0 s  tests/test_b.py  (budget 10 s)  [set-up 0 %]",
+                                    "      5.0 s  tests/test_c.py  [set-up 0 %]"]
+    assert not any(line.startswith("workers:") for line in lines)  # no xdist workers, no start/stop
+
+
+def _worker_report(nodeid: str, when: str, worker: str, start: float, stop: float):
+    """A report as xdist's controller receives it: ``node`` is the worker's controller."""
+    node = SimpleNamespace(gateway=SimpleNamespace(id=worker))
+    return SimpleNamespace(nodeid=nodeid, when=when, duration=stop - start, start=start, stop=stop, node=node)
+
+
+def test_the_profile_says_where_each_module_went_and_which_worker_waited():
+    clock = time_budget.SuiteClock()
+    # gw0: a (100 s set-up + 20 s call) then b (10 s); gw1: c from 0 to 200 s, the last to end
+    for args in [("tests/test_a.py::t", "setup", "gw0", 1000.0, 1100.0), ("tests/test_a.py::t", "call", "gw0", 1100.0, 1120.0),
+                 ("tests/test_b.py::t", "call", "gw0", 1121.0, 1131.0),
+                 ("tests/test_c.py::t1", "call", "gw1", 1000.0, 1150.0), ("tests/test_c.py::t2", "call", "gw1", 1150.0, 1200.0)]:
+        clock.add(_worker_report(*args))
+    profile = clock.profile()
+    assert profile["modules"] == {"tests/test_a.py": 120.0, "tests/test_b.py": 10.0, "tests/test_c.py": 200.0}
+    assert profile["phases"]["tests/test_a.py"] == {"call": 20.0, "setup": 100.0}
+    assert profile["timeline"] == [
+        {"module": "tests/test_a.py", "worker": "gw0", "from_s": 0.0, "to_s": 120.0},
+        {"module": "tests/test_b.py", "worker": "gw0", "from_s": 121.0, "to_s": 131.0},
+        {"module": "tests/test_c.py", "worker": "gw1", "from_s": 0.0, "to_s": 200.0}]
+    assert profile["workers"] == {"gw0": {"busy_s": 130.0, "modules": 2, "idle_at_end_s": 69.0},
+                                  "gw1": {"busy_s": 200.0, "modules": 1, "idle_at_end_s": 0.0}}
+    lines = clock.lines({})
+    assert "workers: gw0 2.2 min in 2 modules, idle for the last 1.1 min; gw1 3.3 min in 1 modules, idle for the last 0.0 min" in lines
+    assert "    120.0 s  tests/test_a.py  [set-up 83 %, worker gw0]" in lines
+    json.dumps(profile)  # what SGRPO_TEST_BUDGET_OUT writes
 
 
 def test_a_bad_budget_file_names_itself(tmp_path):

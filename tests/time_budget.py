@@ -10,7 +10,10 @@ AVX-512, a quiet or a shared box), and the budget is there to make growth visibl
 ``tests/budget.toml`` holds ``[modules]`` with ``"tests/test_x.py" = seconds`` (set-up, calls and
 tear-down of every test in the file, as measured on a quiet 2-core machine; say which in the
 file's comment). ``SGRPO_TEST_BUDGET_OUT=FILE`` also writes every module's seconds as JSON, the
-input for the next budget.
+input for the next budget, with where they went (set-up, calls, tear-down per module) and when
+(which xdist worker ran it, from when to when): the profile issue #59 asks for, from CI's own run.
+The run also prints each worker's busy minutes and how long it sat idle before the other's last
+test ended: with ``--dist loadfile`` a long module handed out last leaves one core waiting.
 """
 
 from __future__ import annotations
@@ -32,11 +35,54 @@ class SuiteClock:
     def __init__(self) -> None:
         self.phases: list[tuple[float, str, str]] = []  # (seconds, when, nodeid)
         self.modules: dict[str, float] = defaultdict(float)
+        self.module_phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.spans: dict[str, list] = {}  # module -> [worker, first start, last stop] (epoch seconds)
 
     def add(self, report) -> None:
         seconds = float(getattr(report, "duration", 0.0) or 0.0)
+        module = report.nodeid.split("::", 1)[0]
         self.phases.append((seconds, report.when, report.nodeid))
-        self.modules[report.nodeid.split("::", 1)[0]] += seconds
+        self.modules[module] += seconds
+        self.module_phases[module][report.when] += seconds
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if start is None or stop is None:
+            return
+        node = getattr(report, "node", None)  # xdist's WorkerController on the controller
+        worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+        span = self.spans.setdefault(module, [worker, start, stop])
+        span[1], span[2] = min(span[1], start), max(span[2], stop)
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Per worker: the seconds its modules' phases took, and the seconds between its last
+        test's end and the suite's (idle, or waiting for the other worker's last module)."""
+        if not self.spans:
+            return {}
+        end = max(stop for _, _, stop in self.spans.values())
+        out: dict[str, dict[str, float]] = {}
+        for module, (worker, _, stop) in self.spans.items():
+            row = out.setdefault(worker, {"busy_s": 0.0, "modules": 0, "idle_at_end_s": float("inf")})
+            row["busy_s"] += self.modules[module]
+            row["modules"] += 1
+            row["idle_at_end_s"] = min(row["idle_at_end_s"], end - stop)
+        return dict(sorted(out.items()))
+
+    def profile(self) -> dict:
+        """What SGRPO_TEST_BUDGET_OUT writes: each module's seconds, their split by phase, the
+        worker and the module's span relative to the suite's first test, and the workers' rows."""
+        t0 = min((start for _, start, _ in self.spans.values()), default=0.0)
+        return {"modules": dict(sorted(self.modules.items())),
+                "phases": {m: dict(sorted(p.items())) for m, p in sorted(self.module_phases.items())},
+                "timeline": sorted(({"module": m, "worker": w, "from_s": round(a - t0, 1), "to_s": round(b - t0, 1)}
+                                    for m, (w, a, b) in self.spans.items()), key=lambda r: (r["worker"], r["from_s"])),
+                "workers": self.workers()}
+
+    def _split(self, module: str) -> str:
+        """`` [set-up 80 %, worker gw1]``: where a module's seconds went and who ran it."""
+        total, phases = self.modules[module], self.module_phases[module]
+        setup = f"set-up {100 * phases.get('setup', 0.0) / total:.0f} %" if total > 0 else ""
+        worker = f"worker {self.spans[module][0]}" if module in self.spans else ""
+        parts = [p for p in (setup, worker) if p]
+        return f"  [{', '.join(parts)}]" if parts else ""
 
     def over_budget(self, budget: dict[str, float]) -> list[tuple[str, float, float]]:
         """(module, seconds, budget) of the modules past ``OVER`` times their budget."""
@@ -53,10 +99,15 @@ class SuiteClock:
             out += [f"  {s:7.1f} s  {nodeid}" for s, _, nodeid in rows]
         modules = sorted(self.modules.items(), key=lambda item: -item[1])[:SLOWEST]
         out.append(f"the {len(modules)} slowest modules (their budget, where tests/budget.toml has one):")
-        out += [f"  {s:7.1f} s  {m}" + (f"  (budget {budget[m]:.0f} s)" if m in budget else "") for m, s in modules]
+        out += [f"  {s:7.1f} s  {m}" + (f"  (budget {budget[m]:.0f} s)" if m in budget else "") + self._split(m)
+                for m, s in modules]
         for module, seconds, expected in self.over_budget(budget):
             out.append(f"warning: {module} took {seconds:.0f} s, {seconds / expected:.1f}x its budget of "
                        f"{expected:.0f} s (tests/budget.toml)")
+        workers = self.workers()
+        if len(workers) > 1:
+            out.append("workers: " + "; ".join(f"{w} {r['busy_s'] / 60:.1f} min in {r['modules']} modules, idle for the "
+                                               f"last {r['idle_at_end_s'] / 60:.1f} min" for w, r in workers.items()))
         unbudgeted = sorted(m for m in self.modules if m not in budget)
         if budget and unbudgeted:
             out.append(f"(no budget for {len(unbudgeted)} module(s); the slowest unbudgeted: "
@@ -96,4 +147,4 @@ def summary(terminalreporter) -> None:
         terminalreporter.write_line(line)
     out = os.environ.get("SGRPO_TEST_BUDGET_OUT")
     if out:
-        Path(out).write_text(json.dumps(dict(sorted(CLOCK.modules.items())), indent=1) + "\n")
+        Path(out).write_text(json.dumps(CLOCK.profile(), indent=1) + "\n")
