@@ -34,7 +34,6 @@ class SuiteClock:
 
     def __init__(self) -> None:
         self.phases: list[tuple[float, str, str]] = []  # (seconds, when, nodeid)
-        self.modules: dict[str, float] = defaultdict(float)
         self.module_phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.spans: dict[str, list] = {}  # module -> [worker, first start, last stop] (epoch seconds)
 
@@ -42,7 +41,6 @@ class SuiteClock:
         seconds = float(getattr(report, "duration", 0.0) or 0.0)
         module = report.nodeid.split("::", 1)[0]
         self.phases.append((seconds, report.when, report.nodeid))
-        self.modules[module] += seconds
         self.module_phases[module][report.when] += seconds
         start, stop = getattr(report, "start", None), getattr(report, "stop", None)
         if start is None or stop is None:
@@ -52,16 +50,22 @@ class SuiteClock:
         span = self.spans.setdefault(module, [worker, start, stop])
         span[1], span[2] = min(span[1], start), max(span[2], stop)
 
+    @property
+    def modules(self) -> dict[str, float]:
+        """Each module's seconds: its phases summed (derived, so the two cannot disagree)."""
+        return {m: sum(p.values()) for m, p in self.module_phases.items()}
+
     def workers(self) -> dict[str, dict[str, float]]:
         """Per worker: the seconds its modules' phases took, and the seconds between its last
         test's end and the suite's (idle, or waiting for the other worker's last module)."""
         if not self.spans:
             return {}
         end = max(stop for _, _, stop in self.spans.values())
+        modules = self.modules
         out: dict[str, dict[str, float]] = {}
         for module, (worker, _, stop) in self.spans.items():
             row = out.setdefault(worker, {"busy_s": 0.0, "modules": 0, "idle_at_end_s": float("inf")})
-            row["busy_s"] += self.modules[module]
+            row["busy_s"] += modules[module]
             row["modules"] += 1
             row["idle_at_end_s"] = min(row["idle_at_end_s"], end - stop)
         return dict(sorted(out.items()))
@@ -78,7 +82,8 @@ class SuiteClock:
 
     def _split(self, module: str) -> str:
         """`` [set-up 80 %, worker gw1]``: where a module's seconds went and who ran it."""
-        total, phases = self.modules[module], self.module_phases[module]
+        phases = self.module_phases[module]
+        total = sum(phases.values())
         setup = f"set-up {100 * phases.get('setup', 0.0) / total:.0f} %" if total > 0 else ""
         worker = f"worker {self.spans[module][0]}" if module in self.spans else ""
         parts = [p for p in (setup, worker) if p]
@@ -90,14 +95,15 @@ class SuiteClock:
                       key=lambda row: -row[1] / row[2])
 
     def lines(self, budget: dict[str, float]) -> list[str]:
-        total = sum(self.modules.values())
-        out = [f"test time: {total / 60:.1f} min in {len(self.modules)} modules (sum over workers of set-up, calls "
+        seconds_of = self.modules  # derived: computed once here
+        total = sum(seconds_of.values())
+        out = [f"test time: {total / 60:.1f} min in {len(seconds_of)} modules (sum over workers of set-up, calls "
                "and tear-down)"]
         for when, title in (("setup", "set-ups"), ("call", "calls")):
             rows = sorted((p for p in self.phases if p[1] == when), reverse=True)[:SLOWEST]
             out.append(f"the {len(rows)} slowest {title}:")
             out += [f"  {s:7.1f} s  {nodeid}" for s, _, nodeid in rows]
-        modules = sorted(self.modules.items(), key=lambda item: -item[1])[:SLOWEST]
+        modules = sorted(seconds_of.items(), key=lambda item: -item[1])[:SLOWEST]
         out.append(f"the {len(modules)} slowest modules (their budget, where tests/budget.toml has one):")
         out += [f"  {s:7.1f} s  {m}" + (f"  (budget {budget[m]:.0f} s)" if m in budget else "") + self._split(m)
                 for m, s in modules]
@@ -108,10 +114,10 @@ class SuiteClock:
         if len(workers) > 1:
             out.append("workers: " + "; ".join(f"{w} {r['busy_s'] / 60:.1f} min in {r['modules']} modules, idle for the "
                                                f"last {r['idle_at_end_s'] / 60:.1f} min" for w, r in workers.items()))
-        unbudgeted = sorted(m for m in self.modules if m not in budget)
+        unbudgeted = sorted(m for m in seconds_of if m not in budget)
         if budget and unbudgeted:
             out.append(f"(no budget for {len(unbudgeted)} module(s); the slowest unbudgeted: "
-                       + ", ".join(f"{m} {self.modules[m]:.0f} s" for m in sorted(unbudgeted, key=lambda m: -self.modules[m])[:3])
+                       + ", ".join(f"{m} {seconds_of[m]:.0f} s" for m in sorted(unbudgeted, key=lambda m: -seconds_of[m])[:3])
                        + ")")
         return out
 
