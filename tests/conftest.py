@@ -16,7 +16,13 @@ import os
 import pytest
 import time_budget
 from sites import GEMM_SITE
-from time_budget import pytest_runtest_logreport  # noqa: F401 - the suite's clock (tests/time_budget.py)
+from time_budget import (  # noqa: F401 - the suite's clock and each phase's CPU seconds (tests/time_budget.py)
+    pytest_runtest_call,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 
 from openrlhf_sgrpo.testing import (  # noqa: F401
     GPU_ONLY_MODULES,

@@ -14,6 +14,14 @@ input for the next budget, with where they went (set-up, calls, tear-down per mo
 (which xdist worker ran it, from when to when): the profile issue #59 asks for, from CI's own run.
 The run also prints each worker's busy minutes and how long it sat idle before the other's last
 test ended: with ``--dist loadfile`` a long module handed out last leaves one core waiting.
+
+Seconds of wall time do not say what a module costs the machine: a module that waits on a fault
+timeout or a Ray actor's start holds its worker but leaves the cores to the other worker, and
+cutting it buys nothing when the suite is CPU-bound. So every phase also records its **CPU
+seconds**, measured in the process that ran it (``os.times()``): its own, and those of the child
+processes it reaped in that phase (a child's figure includes the grandchildren it reaped: an
+engine core, a Ray cluster's raylet and its workers at ``ray.shutdown``, a service). Processes no
+test reaps (Docker's containers and builds, run by the daemon) are not in it; the run says so.
 """
 
 from __future__ import annotations
@@ -24,9 +32,18 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 BUDGET_FILE = Path(__file__).with_name("budget.toml")
 OVER = 1.5  # a module is reported once it takes more than this times its budget
 SLOWEST = 10
+CPU_KEY = "cpu_s"  # a report's user_properties entry: [own, reaped children's] CPU seconds of its phase
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's CPU seconds, those of its reaped children), user and system time each."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
 
 
 class SuiteClock:
@@ -36,12 +53,18 @@ class SuiteClock:
         self.phases: list[tuple[float, str, str]] = []  # (seconds, when, nodeid)
         self.module_phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.spans: dict[str, list] = {}  # module -> [worker, first start, last stop] (epoch seconds)
+        self.cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # module -> [own, children] CPU s
 
     def add(self, report) -> None:
         seconds = float(getattr(report, "duration", 0.0) or 0.0)
         module = report.nodeid.split("::", 1)[0]
         self.phases.append((seconds, report.when, report.nodeid))
         self.module_phases[module][report.when] += seconds
+        cpu = dict(getattr(report, "user_properties", None) or ()).get(CPU_KEY)
+        if cpu is not None:
+            row = self.cpu[module]
+            row[0] += float(cpu[0])
+            row[1] += float(cpu[1])
         start, stop = getattr(report, "start", None), getattr(report, "stop", None)
         if start is None or stop is None:
             return
@@ -71,23 +94,43 @@ class SuiteClock:
         return dict(sorted(out.items()))
 
     def profile(self) -> dict:
-        """What SGRPO_TEST_BUDGET_OUT writes: each module's seconds, their split by phase, the
-        worker and the module's span relative to the suite's first test, and the workers' rows."""
+        """What SGRPO_TEST_BUDGET_OUT writes: each module's seconds, their split by phase, its CPU
+        seconds (own and reaped children's), the worker and the module's span relative to the
+        suite's first test, and the workers' rows."""
         t0 = min((start for _, start, _ in self.spans.values()), default=0.0)
         return {"modules": dict(sorted(self.modules.items())),
                 "phases": {m: dict(sorted(p.items())) for m, p in sorted(self.module_phases.items())},
+                "cpu": {m: {"own_s": round(own, 2), "children_s": round(kids, 2)}
+                        for m, (own, kids) in sorted(self.cpu.items())},
                 "timeline": sorted(({"module": m, "worker": w, "from_s": round(a - t0, 1), "to_s": round(b - t0, 1)}
                                     for m, (w, a, b) in self.spans.items()), key=lambda r: (r["worker"], r["from_s"])),
                 "workers": self.workers()}
 
     def _split(self, module: str) -> str:
-        """`` [set-up 80 %, worker gw1]``: where a module's seconds went and who ran it."""
+        """`` [set-up 80 %, CPU 0.7 cores, worker gw1]``: where a module's seconds went, how many
+        cores it kept busy on average (its CPU seconds over its seconds), and who ran it."""
         phases = self.module_phases[module]
         total = sum(phases.values())
         setup = f"set-up {100 * phases.get('setup', 0.0) / total:.0f} %" if total > 0 else ""
+        cores = f"CPU {sum(self.cpu[module]) / total:.1f} cores" if module in self.cpu and total > 0 else ""
         worker = f"worker {self.spans[module][0]}" if module in self.spans else ""
-        parts = [p for p in (setup, worker) if p]
+        parts = [p for p in (setup, cores, worker) if p]
         return f"  [{', '.join(parts)}]" if parts else ""
+
+    def cpu_line(self) -> str | None:
+        """The suite's CPU minutes against the core-minutes its wall time offered (None without
+        CPU figures): how much a cut of CPU work can buy before waits are all that is left."""
+        if not self.cpu:
+            return None
+        own = sum(o for o, _ in self.cpu.values())
+        kids = sum(k for _, k in self.cpu.values())
+        line = (f"CPU: {(own + kids) / 60:.1f} min ({own / 60:.1f} in the test processes, {kids / 60:.1f} in the "
+                "child processes they reaped; Docker's containers and builds not counted)")
+        if self.spans:
+            wall = max(b for _, _, b in self.spans.values()) - min(a for _, a, _ in self.spans.values())
+            cores = os.cpu_count() or 1
+            line += f", {100 * (own + kids) / (wall * cores):.0f} % of the {wall * cores / 60:.1f} core-minutes of the run"
+        return line
 
     def over_budget(self, budget: dict[str, float]) -> list[tuple[str, float, float]]:
         """(module, seconds, budget) of the modules past ``OVER`` times their budget."""
@@ -110,6 +153,9 @@ class SuiteClock:
         for module, seconds, expected in self.over_budget(budget):
             out.append(f"warning: {module} took {seconds:.0f} s, {seconds / expected:.1f}x its budget of "
                        f"{expected:.0f} s (tests/budget.toml)")
+        cpu = self.cpu_line()
+        if cpu:
+            out.append(cpu)
         workers = self.workers()
         if len(workers) > 1:
             out.append("workers: " + "; ".join(f"{w} {r['busy_s'] / 60:.1f} min in {r['modules']} modules, idle for the "
@@ -138,6 +184,37 @@ def read_budget(path: Path = BUDGET_FILE) -> dict[str, float]:
 
 
 CLOCK = SuiteClock()
+_PHASE_START: list[tuple[float, float]] = []  # the CPU seconds when the running phase began
+
+
+def _mark_phase_start() -> None:
+    _PHASE_START[:] = [cpu_seconds()]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    _mark_phase_start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item) -> None:
+    _mark_phase_start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item) -> None:
+    _mark_phase_start()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The phase just ended: its CPU seconds ride on its report (user_properties reach xdist's
+    controller with the report, where :class:`SuiteClock` sums them per module)."""
+    outcome = yield
+    if not _PHASE_START:
+        return
+    (own0, kids0), (own1, kids1) = _PHASE_START.pop(), cpu_seconds()
+    outcome.get_result().user_properties.append((CPU_KEY, [round(own1 - own0, 3), round(kids1 - kids0, 3)]))
 
 
 def pytest_runtest_logreport(report) -> None:
