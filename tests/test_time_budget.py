@@ -74,7 +74,7 @@ def test_the_profile_says_where_each_module_went_and_which_worker_waited():
     assert "    120.0 s  tests/test_a.py  [set-up 83 %, CPU 0.8 cores, worker gw0]" in lines  # 90 CPU s in 120 s
     assert "    200.0 s  tests/test_c.py  [set-up 0 %, CPU 0.1 cores, worker gw1]" in lines
     cores = os.cpu_count()
-    assert (f"CPU: 1.8 min (1.0 in the test processes, 0.8 in the child processes they reaped; Docker's containers "
+    assert (f"CPU: 1.8 min (1.0 in the test processes, 0.8 in the processes they started; Docker's containers "
             f"and builds not counted), {100 * 110 / (200 * cores):.0f} % of the {200 * cores / 60:.1f} core-minutes of the run") in lines
     json.dumps(profile)  # what SGRPO_TEST_BUDGET_OUT writes
 
@@ -105,13 +105,32 @@ MODULES = {
     "test_child.py": "import subprocess\nimport sys\n\n\ndef test_child():\n"
                      "    subprocess.run([sys.executable, '-c', BURN], check=True)\n",
     "test_sleep.py": "import time\n\n\ndef test_sleep():\n    time.sleep(1.0)\n",
+    # as a Ray cluster's actor: a grandchild that computes under a live parent of its own, which
+    # never waits for it; killed after the test, it ends unreaped by any process of the run's
+    "test_grandchild.py": (
+        "import os\nimport signal\nimport subprocess\nimport sys\nimport time\n\nimport pytest\n\n"
+        "CHILD = BURN + 'import sys\\nimport time\\nopen(sys.argv[1], \"w\").write(\"x\")\\ntime.sleep(120)\\n'\n"
+        "PARENT = ('import subprocess\\nimport sys\\nimport time\\n'\n"
+        "          'p = subprocess.Popen([sys.executable, \"-c\", sys.argv[1], sys.argv[2]])\\n'\n"
+        "          'print(p.pid, flush=True)\\ntime.sleep(120)\\n')\n\n\n"
+        "@pytest.fixture\ndef parent(tmp_path):\n"
+        "    flag = tmp_path / 'burnt'\n"
+        "    proc = subprocess.Popen([sys.executable, '-c', PARENT, CHILD, str(flag)], stdout=subprocess.PIPE, text=True)\n"
+        "    grandchild = int(proc.stdout.readline())\n"
+        "    yield flag\n"
+        "    os.kill(grandchild, signal.SIGKILL)\n"
+        "    proc.kill()\n"
+        "    proc.wait()\n\n\n"
+        "def test_grandchild(parent):\n"
+        "    while not parent.exists():\n"
+        "        time.sleep(0.05)\n"),
 }
 
 
 def test_each_phase_s_cpu_seconds_reach_the_controller_from_xdist_workers(tmp_path):
     """A real pytest run in two xdist workers, the clock's hooks registered as tests/conftest.py
-    registers them: a module that computes in its own process, one whose child process does, and
-    one that sleeps. Each module's CPU seconds land in SGRPO_TEST_BUDGET_OUT, own and children's
+    registers them: a module that computes in its own process, one whose child process does, one
+    that sleeps, and one whose grandchild computes and is never reaped by a process of the run's. Each module's CPU seconds land in SGRPO_TEST_BUDGET_OUT, own and children's
     apart; the sleeper's wall seconds come without CPU (the difference the figure is for)."""
     tests = Path(__file__).resolve().parent
     (tmp_path / "conftest.py").write_text(
@@ -124,15 +143,17 @@ def test_each_phase_s_cpu_seconds_reach_the_controller_from_xdist_workers(tmp_pa
     for name, text in MODULES.items():
         (tmp_path / name).write_text(text)
     out = tmp_path / "modules.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
-           "SGRPO_TEST_BUDGET_OUT": str(out)}
+    # a fresh run, not a worker of this one (the clock reports on the controller only)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]), SGRPO_TEST_BUDGET_OUT=str(out))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
                            "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "3 passed" in proc.stdout and "\nCPU: " in proc.stdout
+    assert "4 passed" in proc.stdout and "\nCPU: " in proc.stdout
     profile = json.loads(out.read_text())
-    own, child, sleep = (profile["cpu"][name] for name in MODULES)
+    own, child, sleep, grandchild = (profile["cpu"][name] for name in MODULES)
     assert own["own_s"] >= 0.75 and own["children_s"] < 0.05, own
     assert child["children_s"] >= 0.75 and child["own_s"] < 0.5, child  # a fork/exec and a wait, no computing
     assert sleep["own_s"] + sleep["children_s"] < 0.3 and profile["modules"]["test_sleep.py"] >= 1.0, sleep
+    assert grandchild["children_s"] >= 0.75, grandchild  # read live: no process of ours ever reaps it

@@ -18,10 +18,10 @@ test ended: with ``--dist loadfile`` a long module handed out last leaves one co
 Seconds of wall time do not say what a module costs the machine: a module that waits on a fault
 timeout or a Ray actor's start holds its worker but leaves the cores to the other worker, and
 cutting it buys nothing when the suite is CPU-bound. So every phase also records its **CPU
-seconds**, measured in the process that ran it (``os.times()``): its own, and those of the child
-processes it reaped in that phase (a child's figure includes the grandchildren it reaped: an
-engine core, a Ray cluster's raylet and its workers at ``ray.shutdown``, a service). Processes no
-test reaps (Docker's containers and builds, run by the daemon) are not in it; the run says so.
+seconds**, measured in the process that ran it: its own (``os.times()``), and those of its
+descendants, read live from ``/proc`` at the phase's start and end (an engine core, a Ray
+cluster's raylet and the actors it starts, a service) plus those it reaped in between. Processes
+of the daemon's (Docker's containers and builds) are not in it; the run says so.
 """
 
 from __future__ import annotations
@@ -40,10 +40,55 @@ SLOWEST = 10
 CPU_KEY = "cpu_s"  # a report's user_properties entry: [own, reaped children's] CPU seconds of its phase
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of every thread of ``pid`` (``/proc/PID/task/TID/children``)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def live_descendants_cpu(root: int | None = None) -> float:
+    """CPU seconds of the live descendants of ``root`` (this process): each one's own and those of
+    the children it reaped. A Ray cluster's workers are the raylet's children, not ours, and a
+    module kills them long before any process of ours waits for them; read live, their seconds
+    count where they are spent."""
+    total, seen = 0, set()
+    todo = _children(os.getpid() if root is None else root)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended between the listing and the read
+        total += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime (clock ticks)
+        todo += _children(pid)
+    return total / _TICK
+
+
 def cpu_seconds() -> tuple[float, float]:
-    """(this process's CPU seconds, those of its reaped children), user and system time each."""
+    """(this process's CPU seconds, those of its descendants): user and system time each, the
+    descendants' as the children this process reaped plus the live ones' (:func:`live_descendants_cpu`).
+    Between two readings the difference is what the descendants spent: a child reaped in between
+    moves from the live sum to the reaped one whole. Not counted: a process that ends orphaned
+    (reparented to init before anyone of ours reaps it) and Docker's containers (the daemon's)."""
     t = os.times()
-    return t.user + t.system, t.children_user + t.children_system
+    return t.user + t.system, t.children_user + t.children_system + live_descendants_cpu()
 
 
 class SuiteClock:
@@ -125,7 +170,7 @@ class SuiteClock:
         own = sum(o for o, _ in self.cpu.values())
         kids = sum(k for _, k in self.cpu.values())
         line = (f"CPU: {(own + kids) / 60:.1f} min ({own / 60:.1f} in the test processes, {kids / 60:.1f} in the "
-                "child processes they reaped; Docker's containers and builds not counted)")
+                "processes they started; Docker's containers and builds not counted)")
         if self.spans:
             wall = max(b for _, _, b in self.spans.values()) - min(a for _, a, _ in self.spans.values())
             cores = os.cpu_count() or 1
@@ -214,7 +259,8 @@ def pytest_runtest_makereport(item, call):
     if not _PHASE_START:
         return
     (own0, kids0), (own1, kids1) = _PHASE_START.pop(), cpu_seconds()
-    outcome.get_result().user_properties.append((CPU_KEY, [round(own1 - own0, 3), round(kids1 - kids0, 3)]))
+    # an orphaned child's seconds leave the live sum without reaching ours: never below 0
+    outcome.get_result().user_properties.append((CPU_KEY, [round(own1 - own0, 3), round(max(kids1 - kids0, 0.0), 3)]))
 
 
 def pytest_runtest_logreport(report) -> None:
