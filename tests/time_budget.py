@@ -37,10 +37,8 @@ import pytest
 BUDGET_FILE = Path(__file__).with_name("budget.toml")
 OVER = 1.5  # a module is reported once it takes more than this times its budget
 SLOWEST = 10
-CPU_KEY = "cpu_s"  # a report's user_properties entry: [own, reaped children's] CPU seconds of its phase
-
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+CPU_KEY = "cpu_s"  # a report's user_properties entry: [own, descendants'] CPU seconds of its phase
+_TICK = os.sysconf("SC_CLK_TCK")  # /proc/PID/stat's times are in these
 
 
 def _children(pid: int) -> list[int]:
@@ -140,7 +138,7 @@ class SuiteClock:
 
     def profile(self) -> dict:
         """What SGRPO_TEST_BUDGET_OUT writes: each module's seconds, their split by phase, its CPU
-        seconds (own and reaped children's), the worker and the module's span relative to the
+        seconds (own and its descendants'), the worker and the module's span relative to the
         suite's first test, and the workers' rows."""
         t0 = min((start for _, start, _ in self.spans.values()), default=0.0)
         return {"modules": dict(sorted(self.modules.items())),
