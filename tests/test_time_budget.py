@@ -61,8 +61,8 @@ def test_the_profile_says_where_each_module_went_and_which_worker_waited():
     profile = clock.profile()
     assert profile["modules"] == {"tests/test_a.py": 120.0, "tests/test_b.py": 10.0, "tests/test_c.py": 200.0}
     assert profile["phases"]["tests/test_a.py"] == {"call": 20.0, "setup": 100.0}
-    assert profile["cpu"] == {"tests/test_a.py": {"own_s": 40.0, "children_s": 50.0},
-                              "tests/test_c.py": {"own_s": 20.0, "children_s": 0.0}}  # b: no CPU figures
+    assert profile["cpu"] == {"tests/test_a.py": {"own_s": 40.0, "descendants_s": 50.0},
+                              "tests/test_c.py": {"own_s": 20.0, "descendants_s": 0.0}}  # b: no CPU figures
     assert profile["timeline"] == [
         {"module": "tests/test_a.py", "worker": "gw0", "from_s": 0.0, "to_s": 120.0},
         {"module": "tests/test_b.py", "worker": "gw0", "from_s": 121.0, "to_s": 131.0},
@@ -130,8 +130,9 @@ MODULES = {
 def test_each_phase_s_cpu_seconds_reach_the_controller_from_xdist_workers(tmp_path):
     """A real pytest run in two xdist workers, the clock's hooks registered as tests/conftest.py
     registers them: a module that computes in its own process, one whose child process does, one
-    that sleeps, and one whose grandchild computes and is never reaped by a process of the run's. Each module's CPU seconds land in SGRPO_TEST_BUDGET_OUT, own and children's
-    apart; the sleeper's wall seconds come without CPU (the difference the figure is for)."""
+    that sleeps, and one whose grandchild computes and is never reaped by a process of the run's.
+    Each module's CPU seconds land in SGRPO_TEST_BUDGET_OUT, own and descendants' apart; the
+    sleeper's wall seconds come without CPU (the difference the figure is for)."""
     tests = Path(__file__).resolve().parent
     (tmp_path / "conftest.py").write_text(
         f"BURN = {BURN!r}\n"
@@ -153,7 +154,7 @@ def test_each_phase_s_cpu_seconds_reach_the_controller_from_xdist_workers(tmp_pa
     assert "4 passed" in proc.stdout and "\nCPU: " in proc.stdout
     profile = json.loads(out.read_text())
     own, child, sleep, grandchild = (profile["cpu"][name] for name in MODULES)
-    assert own["own_s"] >= 0.75 and own["children_s"] < 0.05, own
-    assert child["children_s"] >= 0.75 and child["own_s"] < 0.5, child  # a fork/exec and a wait, no computing
-    assert sleep["own_s"] + sleep["children_s"] < 0.3 and profile["modules"]["test_sleep.py"] >= 1.0, sleep
-    assert grandchild["children_s"] >= 0.75, grandchild  # read live: no process of ours ever reaps it
+    assert own["own_s"] >= 0.75 and own["descendants_s"] < 0.05, own
+    assert child["descendants_s"] >= 0.75 and child["own_s"] < 0.5, child  # a fork/exec and a wait, no computing
+    assert sleep["own_s"] + sleep["descendants_s"] < 0.3 and profile["modules"]["test_sleep.py"] >= 1.0, sleep
+    assert grandchild["descendants_s"] >= 0.75, grandchild  # read live: no process of ours ever reaps it

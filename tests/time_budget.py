@@ -96,7 +96,7 @@ class SuiteClock:
         self.phases: list[tuple[float, str, str]] = []  # (seconds, when, nodeid)
         self.module_phases: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.spans: dict[str, list] = {}  # module -> [worker, first start, last stop] (epoch seconds)
-        self.cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # module -> [own, children] CPU s
+        self.cpu: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # module -> [own, descendants'] CPU s
 
     def add(self, report) -> None:
         seconds = float(getattr(report, "duration", 0.0) or 0.0)
@@ -143,7 +143,7 @@ class SuiteClock:
         t0 = min((start for _, start, _ in self.spans.values()), default=0.0)
         return {"modules": dict(sorted(self.modules.items())),
                 "phases": {m: dict(sorted(p.items())) for m, p in sorted(self.module_phases.items())},
-                "cpu": {m: {"own_s": round(own, 2), "children_s": round(kids, 2)}
+                "cpu": {m: {"own_s": round(own, 2), "descendants_s": round(kids, 2)}
                         for m, (own, kids) in sorted(self.cpu.items())},
                 "timeline": sorted(({"module": m, "worker": w, "from_s": round(a - t0, 1), "to_s": round(b - t0, 1)}
                                     for m, (w, a, b) in self.spans.items()), key=lambda r: (r["worker"], r["from_s"])),
