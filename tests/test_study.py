@@ -142,7 +142,7 @@ def test_study_runs_processes_side_by_side_survives_a_failed_one_and_writes_seed
     (out / f"seed_{bad}" / "args.json").write_text("{}")  # "already holds a run"
     rc = load_script().main(["--out", str(out), "--smoke", "--seeds", *map(str, seeds), str(bad), "--split-arms",
                              "--arms", "grpo,random:0.8", "--session", "test", "--gpu-memory-share", "0.4", "--",
-                             "--steps", "1",
+                             "--steps", "1", "--warmup-steps", "1",  # a warm-up, shorter than smoke's 6
                              "--heldout", "2", "--no-sandbox", "--engine", "hf"])
     captured = capsys.readouterr()
     assert rc == 1  # one seed failed; the others' results are written
@@ -222,7 +222,8 @@ def test_cpu_study_runs_the_arms_in_one_process_and_writes_a_trap_seed(tmp_path)
     rc = load_script().main(["--out", str(out), "--smoke", "--seeds", str(seed), "--cpu", "trap",
                              "--arms", "grpo,sgrpo:0.8", "--session", "cpu", "--",
                              "--steps", "1", "--heldout", "4", "--strata-check", "2", "--engine", "hf",
-                             "--demos", "8"])
+                             # the preset's warm-up is 32 steps (a real seed's); 2 run the same path
+                             "--demos", "8", "--warmup-steps", "2"])
     assert rc == 0
     (committed,) = read_seeds(out / "seeds")
     assert committed["folder"] == f"cpu_cpu_seed{seed}" and committed["regime"] == "trap"
