@@ -486,3 +486,38 @@ def test_paths_table_means_shares_over_seeds_and_pools_em():
     held_cells = dict(zip(names, [c.strip() for c in held.strip("|").split("|")][3:]))
     assert held_cells["one search"] == "0.67 (0.50)" and held_cells["2: right bridge"] == "0.33 (0.50)"
     assert study_report.paths_section([{"steps": {GRPO: [{"step": 1, "reward": 0.1}]}, "arms": {GRPO: {}}}]) == []
+
+
+def test_binomial_interval_is_clopper_pearsons():
+    """The exact interval, against SciPy's beta quantiles (k = 0 and k = n are one-sided), and a bad
+    count named."""
+    beta = pytest.importorskip("scipy.stats").beta
+    for n in (1, 4, 5, 10):
+        for k in range(n + 1):
+            lo, hi = study_report.binomial_interval(k, n)
+            want_lo = 0.0 if k == 0 else beta.ppf(0.025, k, n - k + 1)
+            want_hi = 1.0 if k == n else beta.ppf(0.975, k + 1, n - k)
+            assert (lo, hi) == pytest.approx((want_lo, want_hi), abs=1e-9), (k, n)
+    with pytest.raises(ValueError, match="k 5, n 4"):
+        study_report.binomial_interval(5, 4)
+
+
+def test_where_the_seeds_ended_counts_two_search_endings_and_em_signs(tmp_path):
+    """Three seeds: Stratified GRPO ends at two searches in two (shares 1.0 and 0.5, the threshold
+    counts), GRPO in none; its two-hop EM is higher than GRPO's in one seed, equal in one, lower in
+    one. The section counts them, with the exact interval of each count."""
+    sgrpo = [{"hop2/two_search_share": 1.0, "hop2/em": 0.75}, {"hop2/two_search_share": 0.5, "hop2/em": 0.25},
+             {"hop2/two_search_share": 0.125, "hop2/em": 0.125}]
+    grpo = {"hop2/two_search_share": 0.0, "hop2/em": 0.25}
+    for k in range(3):
+        seed_folder(tmp_path, k, heldout={GRPO: grpo, SGRPO: sgrpo[k], RANDOM: grpo})
+    ends = study_report.outcomes(read_seeds(tmp_path / "seeds"))
+    assert ends[SGRPO]["two"] == 2 and ends[SGRPO]["n"] == 3 and ends[SGRPO]["em2"] == (1, 1, 1)
+    assert ends[GRPO]["two"] == 0 and "em2" not in ends[GRPO]
+    assert ends[RANDOM]["em2"] == (0, 3, 0)
+    table = write_report(tmp_path / "seeds", tmp_path / "report")[0].read_text()
+    section = table[table.index("Where the seeds ended"):]
+    section = section[: section.index("\n\n", section.index("| arm"))]
+    lo, hi = study_report.binomial_interval(2, 3)
+    assert f"| {SGRPO} " in section and f"2 of 3" in section and f"[{lo:.2f}, {hi:.2f}]" in section
+    assert "1 / 1 / 1" in section and "0 / 3 / 0" in section and "0 of 3" in section

@@ -13,7 +13,9 @@ by their ``settings`` (every comparison-defining flag; the seed aside); nothing 
 across groups. Per group, ``OUT/table.md`` has a section: the settings; the arms' held-out table
 after RL (mean ± sample std [95 % t-interval] over seeds, the warm-up row first); the **paired**
 differences arm - GRPO per seed (the arms of a seed start from the same warm-up weights, so the
-seed's own difficulty cancels); the strata after the warm-up (each search count's share and EM,
+seed's own difficulty cancels); where the seeds ended (how many ended at two searches, with the exact
+interval of that count, and the sign of each seed's paired two-hop EM difference: the trap seeds'
+outcomes are nearly binary, which a mean and t-interval over four seeds hide); the strata after the warm-up (each search count's share and EM,
 sampled on held-out two-hop questions: whether the trap was there); whether GRPO's search count
 has settled (the last steps' curve and its slope); seconds per step per session. And a figure,
 ``OUT/figure_<regime>_<device>[_<k>].png``: training reward, searches per question, two-search
@@ -50,6 +52,9 @@ PAIRED = (("hop2/em", "EM 2-hop"), ("search_calls", "searches/q"), ("hop2/two_se
           ("hop1/em", "EM 1-hop"))
 STRATA = ("0", "1", "2", "3plus")  # demo/strata_check.py's names
 SETTLE_STEPS = 5  # the last steps over which "has the search count settled" is judged
+# held-out two-search share on two-hop questions at or above which a seed "ended at two searches":
+# the trap seeds end near 0 or near 1 (bimodal), so a count with an exact interval says more than a mean
+TWO_SEARCH_END = 0.5
 SETTLE_KEY = "search_calls"
 # (step key, panel title) of the figure's curves
 CURVES = (("reward", "training reward"), ("search_calls", "searches per question"),
@@ -409,6 +414,60 @@ def paired_section(seeds: list[dict]) -> list[str]:
                          per_seed_differences(seeds))]
 
 
+def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson (exact) interval of a proportion from ``k`` of ``n``: the p whose binomial
+    tail at k is (1 - level) / 2 on each side, found by bisection (no scipy needed)."""
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k {k}, n {n}")
+    tail = (1.0 - level) / 2
+
+    def at_most(j: int, p: float) -> float:  # P(X <= j | p), decreasing in p
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(j + 1))
+
+    def solve(f, target: float) -> float:  # the p in [0, 1] where the decreasing f crosses target
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
+        return (lo + hi) / 2
+
+    lower = 0.0 if k == 0 else solve(lambda p: at_most(k - 1, p), 1.0 - tail)  # P(X >= k) = tail
+    upper = 1.0 if k == n else solve(lambda p: at_most(k, p), tail)  # P(X <= k) = tail
+    return lower, upper
+
+
+def outcomes(seeds: list[dict], baseline: str = BASELINE) -> dict[str, dict]:
+    """Per arm, over the seeds that measured it: how many ended at two searches on held-out two-hop
+    questions (``TWO_SEARCH_END``) with its exact interval, and, against ``baseline`` in the same
+    seed, in how many its held-out two-hop EM was higher, equal, lower."""
+    out: dict[str, dict] = {}
+    for label in arm_labels(seeds):
+        shares = _finite(_value(s, label, ("heldout", "hop2/two_search_share")) for s in seeds if label in s["arms"])
+        if not shares:
+            continue
+        two = sum(v >= TWO_SEARCH_END for v in shares)
+        row = {"n": len(shares), "two": two, "interval": binomial_interval(two, len(shares))}
+        if label != baseline:
+            diffs = _finite(paired_difference(s, label, "hop2/em", baseline) for s in seeds)
+            row["em2"] = (sum(d > 1e-9 for d in diffs), sum(abs(d) <= 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs))
+        out[label] = row
+    return out
+
+
+def outcomes_section(seeds: list[dict]) -> list[str]:
+    """Which way each seed went, counted: the arms' two-search endings and the sign of each seed's
+    paired two-hop EM difference."""
+    rows = [[label, f"{o['two']} of {o['n']}", f"[{o['interval'][0]:.2f}, {o['interval'][1]:.2f}]",
+             "-" if "em2" not in o else "{} / {} / {}".format(*o["em2"])] for label, o in outcomes(seeds).items()]
+    if not rows:
+        return []
+    return [f"Where the seeds ended (held-out after RL, two-hop questions): seeds whose two-search share is >= "
+            f"{TWO_SEARCH_END} (95 % Clopper-Pearson interval of the proportion), and the paired two-hop EM "
+            f"against {BASELINE} seed by seed:", "",
+            format_table(["arm", "ended at two searches", "95 % interval", f"EM 2-hop vs {BASELINE}: higher / equal / lower"],
+                         rows)]
+
+
 def strata_section(seeds: list[dict]) -> list[str]:
     """The strata after the warm-up: over seeds and pooled, then each seed's own."""
     summary = strata_summary(seeds)
@@ -541,7 +600,8 @@ def group_section(group: Group) -> str:
             f"{len(seeds)} seed folder(s) from {len(sessions)} session(s): {', '.join(sessions)}. "
             f"Seeds: {', '.join(str(s['seed']) for s in seeds)}.",
             "Cells: mean over seeds ± sample std [95 % t-interval of the mean]; one seed: the value alone.",
-            *repeats, *arm_flags, "", arms_table(seeds), "", *paired_section(seeds), "", *strata_section(seeds), "",
+            *repeats, *arm_flags, "", arms_table(seeds), "", *paired_section(seeds), "",
+            *((ends + [""]) if (ends := outcomes_section(seeds)) else []), *strata_section(seeds), "",
             *((paths + [""]) if (paths := paths_section(seeds)) else []),
             *settled_section(seeds), "", *times_section(seeds), "", f"![{group.title}]({group.figure_name})"]
     return "\n".join(text)
