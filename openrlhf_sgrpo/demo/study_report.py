@@ -15,8 +15,9 @@ after RL (mean ± sample std [95 % t-interval] over seeds, the warm-up row first
 differences arm - GRPO per seed (the arms of a seed start from the same warm-up weights, so the
 seed's own difficulty cancels); where the seeds ended (how many ended at two searches, with the exact
 interval of that count, and the sign of each seed's paired two-hop EM difference: the trap seeds'
-outcomes are nearly binary, which a mean and t-interval over four seeds hide); the strata after the warm-up (each search count's share and EM,
-sampled on held-out two-hop questions: whether the trap was there); whether GRPO's search count
+outcomes are nearly binary, which a mean and t-interval over a few seeds hide); the strata after
+the warm-up (each search count's share and EM, sampled on held-out two-hop questions: whether the
+trap was there); whether GRPO's search count
 has settled (the last steps' curve and its slope); seconds per step per session. And a figure,
 ``OUT/figure_<regime>_<device>[_<k>].png``: training reward, searches per question, two-search
 share on two-hop prompts, the net advantage mass of the 1- and 2-search strata, and their mean
@@ -52,10 +53,10 @@ PAIRED = (("hop2/em", "EM 2-hop"), ("search_calls", "searches/q"), ("hop2/two_se
           ("hop1/em", "EM 1-hop"))
 STRATA = ("0", "1", "2", "3plus")  # demo/strata_check.py's names
 SETTLE_STEPS = 5  # the last steps over which "has the search count settled" is judged
+SETTLE_KEY = "search_calls"
 # held-out two-search share on two-hop questions at or above which a seed "ended at two searches":
 # the trap seeds end near 0 or near 1 (bimodal), so a count with an exact interval says more than a mean
 TWO_SEARCH_END = 0.5
-SETTLE_KEY = "search_calls"
 # (step key, panel title) of the figure's curves
 CURVES = (("reward", "training reward"), ("search_calls", "searches per question"),
           ("hop2/two_search_share", "two-search share, two-hop prompts"))
