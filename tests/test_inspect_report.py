@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,38 @@ def test_a_subreaper_closing_the_browser_keeps_no_zombie_of_it():
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) == [[]] * 4
 
+
+
+def test_a_zombie_seen_parentless_in_one_walk_is_reaped_in_the_next(monkeypatch):
+    """The race behind a CI failure of the test above: one walk of /proc read a zombie of the
+    browser while its parent was a member and the parent was reaped before its own entry was read,
+    so the zombie looked parentless; the next walk shows it as this process's child. A real zombie
+    child stands in for it and two scripted walks for /proc: closing must not settle on the first."""
+    from openrlhf_sgrpo.inspect import browser as browser_module
+
+    leader = subprocess.Popen([sys.executable, "-c", "pass"])
+    leader.wait()
+    orphan = subprocess.Popen([sys.executable, "-c", "pass"])
+    while group_members_state(orphan.pid) != "Z":
+        time.sleep(0.01)  # ended, not yet reaped: a zombie below this process
+    gone_parent = 2 ** 22 + 1  # above the kernel's pid_max: no process has it
+    walks = iter([[(orphan.pid, "Z", gone_parent)], [(orphan.pid, "Z", os.getpid())]])
+    monkeypatch.setattr(browser_module, "group_members", lambda group: next(walks, []))
+    closing = Browser(sys.executable)
+    closing._proc = leader
+    try:
+        assert closing._settle_group(leader.pid, grace_s=5.0)
+        assert group_members_state(orphan.pid) is None  # reaped, not left a zombie
+    finally:
+        closing._loop.close()
+        closing._profile.cleanup()
+        if group_members_state(orphan.pid) == "Z":
+            orphan.wait()
+
+
+def group_members_state(pid: int) -> str | None:
+    """A process's state letter from /proc, None once it is gone (reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None

@@ -33,6 +33,7 @@ import aiohttp
 CHROMIUM_ENV = "SGRPO_CHROMIUM"
 CHROMIUM_NAMES = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome", "headless_shell")
 APT_PACKAGE = "chromium-headless-shell"
+SETTLED_SCANS = 2  # walks of /proc in a row with nothing left of the browser's group (Browser._settle_group)
 
 
 class BrowserError(RuntimeError):
@@ -131,17 +132,31 @@ class Browser:
                 os.killpg(group, sig)
             except ProcessLookupError:
                 break  # nothing of the group is left, not even a zombie
-            deadline = time.monotonic() + grace_s
-            while (unsettled := self._reap_group(group)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if not unsettled:
+            if self._settle_group(group, grace_s):
                 break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=grace_s)
 
+    def _settle_group(self, group: int, grace_s: float, scans: int = SETTLED_SCANS) -> bool:
+        """Reap until ``scans`` walks of ``/proc`` in a row find the group settled (True), or
+        ``grace_s`` passes (False). One walk is not atomic: a zombie read while its parent is still
+        a member, the parent reaped before its own entry is read, looks parentless in that walk and
+        reaches this process (a subreaper) only after it; stopping there left it a zombie for good
+        (CI, 2026-12-07). Its reparenting is done by the time the parent is gone, so the next walk
+        sees it as this process's child and reaps it."""
+        deadline = time.monotonic() + grace_s
+        settled = 0
+        while time.monotonic() < deadline:
+            settled = 0 if self._reap_group(group) else settled + 1
+            if settled >= scans:
+                return True
+            time.sleep(0.05)
+        return False
+
     def _reap_group(self, group: int) -> int:
-        """Reap the group's zombies that are this process's children; how many members are not
-        settled yet: still running, or ended under a parent of the group. Chromium is
+        """Reap the group's zombies that are this process's children; how many members this walk
+        reaped or found not settled yet (still running, or ended under a parent of the group), so
+        that only a walk with nothing left to do counts as settled. Chromium is
         multithreaded: its main process shows as a zombie (not reapable yet) while other threads
         of it still end, and only then do its ended children pass to this process (a child
         subreaper) or to init; stopping at "nothing runs" left them here as zombies for good."""
@@ -152,10 +167,10 @@ class Browser:
         for pid, state, ppid in members:
             if state == "Z" and ppid == os.getpid() and pid != group:
                 try:
-                    reaped = os.waitpid(pid, os.WNOHANG)[0] == pid
+                    os.waitpid(pid, os.WNOHANG)  # 0 while other threads of it still end
                 except ChildProcessError:
                     continue  # reaped elsewhere meanwhile
-                unsettled += not reaped  # its main thread has ended, others of it not yet
+                unsettled += 1
             elif state != "Z" or ppid in in_group:
                 unsettled += 1
         return unsettled
