@@ -63,6 +63,7 @@ def test_the_profile_says_where_each_module_went_and_which_worker_waited():
     assert profile["phases"]["tests/test_a.py"] == {"call": 20.0, "setup": 100.0}
     assert profile["cpu"] == {"tests/test_a.py": {"own_s": 40.0, "descendants_s": 50.0},
                               "tests/test_c.py": {"own_s": 20.0, "descendants_s": 0.0}}  # b: no CPU figures
+    assert profile["t0"] == 1000.0
     assert profile["timeline"] == [
         {"module": "tests/test_a.py", "worker": "gw0", "from_s": 0.0, "to_s": 120.0},
         {"module": "tests/test_b.py", "worker": "gw0", "from_s": 121.0, "to_s": 131.0},

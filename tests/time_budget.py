@@ -141,7 +141,8 @@ class SuiteClock:
         seconds (own and its descendants'), the worker and the module's span relative to the
         suite's first test, and the workers' rows."""
         t0 = min((start for _, start, _ in self.spans.values()), default=0.0)
-        return {"modules": dict(sorted(self.modules.items())),
+        return {"t0": round(t0, 3),  # the epoch second the timeline counts from (scripts/cpu_by_module.py)
+                "modules": dict(sorted(self.modules.items())),
                 "phases": {m: dict(sorted(p.items())) for m, p in sorted(self.module_phases.items())},
                 "cpu": {m: {"own_s": round(own, 2), "descendants_s": round(kids, 2)}
                         for m, (own, kids) in sorted(self.cpu.items())},
