@@ -220,8 +220,13 @@ def experiences_of(maker, samples) -> list:
 
 def generator_batch(generator) -> tuple[list, int]:
     """Inside a trainer (or the async trainer's GenerateSamplesActor): one batch from its
-    ``SamplesGenerator``, as its fit() loop makes it, and the prompts it consumed."""
-    samples, _, prompts_consumed, _ = generator.samples_generator.generate_samples(**generator.generate_kwargs)
+    ``SamplesGenerator``, as its fit() loop makes it over episodes, and the prompts it consumed.
+    Where the last batch took the data's last prompts, upstream's generator finds the data
+    exhausted on its next call (an empty batch, no generation) and starts the next pass over it
+    on the call after: one trainer serves batch after batch."""
+    samples, _, prompts_consumed, exhausted = generator.samples_generator.generate_samples(**generator.generate_kwargs)
+    if not samples and exhausted:
+        samples, _, prompts_consumed, _ = generator.samples_generator.generate_samples(**generator.generate_kwargs)
     return samples, prompts_consumed
 
 

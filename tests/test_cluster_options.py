@@ -213,18 +213,23 @@ def tokenizer(policy_dir):
 
 
 @pytest.fixture(scope="module")
-def batch(cluster, args, engines) -> list:
-    """One rollout of the three questions (searches, code, answers) from OpenRLHF's SamplesGenerator
-    in its trainer actor: the Experience samples the options below turn into experiences."""
+def trainer(cluster, args, engines):
+    """OpenRLHF's sync trainer actor on the module's command line, its SamplesGenerator serving the
+    batches of the tests below one after another (each actor start is ~10 s of imports)."""
     from openrlhf.trainer.ppo_trainer import PPOTrainer
     from openrlhf.utils import get_strategy
 
-    trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
-                                **trainer_kwargs(args))
-    try:
-        samples, _ = cluster.get(trainer.__ray_call__.remote(generator_batch))
-    finally:
-        cluster.kill(trainer)
+    actor = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
+                              **trainer_kwargs(args))
+    yield actor
+    cluster.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def batch(cluster, trainer) -> list:
+    """One rollout of the three questions (searches, code, answers) from OpenRLHF's SamplesGenerator
+    in its trainer actor: the Experience samples the options below turn into experiences."""
+    samples, _ = cluster.get(trainer.__ray_call__.remote(generator_batch))
     assert len(samples) == len(QUESTIONS) * N
     return samples
 
@@ -469,7 +474,7 @@ def _search_samples(samples) -> list:
 
 
 @needs_vllm
-def test_a_broken_retriever_mid_rollout_costs_no_sample(cluster, args, engines, gate, tokenizer):
+def test_a_broken_retriever_mid_rollout_costs_no_sample(cluster, args, trainer, gate, tokenizer):
     """The retriever breaks while OpenRLHF's engine runs our agent: first it drops every connection
     (a process that died mid-request), then it answers 200 with a body outside the schema; then it
     is back. Each broken batch still holds every prompt group whole (N samples, in order), every
@@ -477,21 +482,13 @@ def test_a_broken_retriever_mid_rollout_costs_no_sample(cluster, args, engines, 
     (tool_errors = search_errors + code_errors); the search still counts as a call for the strata;
     the batch after the fault searches normally. The bound is the agent's HTTP policy: a dropped
     connection is retried with backoff, a bad body is not retried, neither waits for a timeout."""
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-    from openrlhf.utils import get_strategy
-
     from agent_env import info_keys as K
     from agent_env.tools.http import HttpPolicy
 
     def one_batch():
-        trainer = PPOTrainer.remote(args.actor.model_name_or_path, get_strategy(args), None, None, None, None, engines,
-                                    **trainer_kwargs(args))
-        try:
-            start = time.monotonic()
-            samples, _ = cluster.get(trainer.__ray_call__.remote(generator_batch))
-            return samples, time.monotonic() - start
-        finally:
-            cluster.kill(trainer)
+        start = time.monotonic()
+        samples, _ = cluster.get(trainer.__ray_call__.remote(generator_batch))
+        return samples, time.monotonic() - start
 
     policy = HttpPolicy()
     times = {}
