@@ -25,6 +25,7 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -44,13 +45,16 @@ def docker_modules(root: Path = REPO) -> set[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Process:
-    """One ended process: its CPU seconds (user + system), when it started (epoch s), its name."""
+    """One ended process: its CPU seconds (user + system), when it started (epoch s), how long it
+    lived, its name. The kernel writes the name its last thread had, so a multithreaded process
+    often shows a thread's name (``jemalloc_bg_thd``, ``grpc_global_tim``), not its program's."""
 
     pid: int
     ppid: int
     start: int
     cpu_s: float
     comm: str
+    elapsed_s: float = 0.0
 
 
 def comp_t(value: int) -> int:
@@ -63,40 +67,45 @@ def read_accounting(path: Path) -> list[Process]:
     raw = path.read_bytes()
     out = []
     for offset in range(0, len(raw) - RECORD.size + 1, RECORD.size):
-        (_flag, version, _tty, _exit, _uid, _gid, pid, ppid, btime, _etime, utime, stime,
+        (_flag, version, _tty, _exit, _uid, _gid, pid, ppid, btime, etime, utime, stime,
          *_rest, comm) = RECORD.unpack_from(raw, offset)
         if version & 0x0F != ACCT_V3:
             raise ValueError(f"{path}: record {offset // RECORD.size} is accounting version {version & 0x0F}, "
                              f"not {ACCT_V3} (acct v3, Linux's default)")
         out.append(Process(pid, ppid, btime, (comp_t(utime) + comp_t(stime)) / TICKS_PER_S,
-                           comm.split(b"\0", 1)[0].decode(errors="replace")))
+                           comm.split(b"\0", 1)[0].decode(errors="replace"), etime / TICKS_PER_S))
     return out
 
 
-def find_workers(procs: list[Process], workers: list[str]) -> dict[int, str]:
-    """xdist's workers: the children of the pytest process that ``make`` started, in start order
-    (gw0 starts first). Fewer than the profile names: the run was not ``make test``'s shape."""
+def find_workers(procs: list[Process], workers: list[str]) -> tuple[int, dict[int, str]]:
+    """The pytest process ``make`` started (its longest-lived child) and xdist's workers (that
+    process's longest-lived children, named in pid order: gw0 starts first). Names cannot be used:
+    the kernel records a thread's. Raises where the run was not ``make test``'s shape."""
     by_parent = collections.defaultdict(list)
     for p in procs:
         by_parent[p.ppid].append(p)
-    for make in (p for p in procs if p.comm == "make"):
-        for main in by_parent[make.pid]:
-            kids = sorted((k for k in by_parent[main.pid] if k.comm.startswith("python")),
-                          key=lambda k: (k.start, k.pid))
-            if len(kids) >= len(workers):
-                return {k.pid: w for k, w in zip(kids, sorted(workers))}
-    raise ValueError(f"no pytest process with {len(workers)} python children under make in the accounting file")
+    for make in sorted((p for p in procs if p.comm == "make"), key=lambda p: -p.elapsed_s):
+        if not by_parent[make.pid]:
+            continue
+        main = max(by_parent[make.pid], key=lambda p: p.elapsed_s)
+        kids = sorted(by_parent[main.pid], key=lambda p: -p.elapsed_s)[:len(workers)]
+        if len(kids) == len(workers):
+            return main.pid, {k.pid: w for k, w in zip(sorted(kids, key=lambda k: k.pid), sorted(workers))}
+    raise ValueError(f"no pytest process with {len(workers)} children under make in the accounting file")
 
 
 def charge(procs: list[Process], profile: dict, docker: set[str]) -> tuple[dict, dict]:
-    """{module: {"tests": s, "docker": s}} and {module: Counter(comm -> s)}; the key ``"(none)"``
-    holds what started outside any module (installs, the daemon between tests)."""
+    """{module: {"tests": s, "docker": s}} and {module: Counter(comm -> s)}. Three keys hold the
+    rest: ``"(outside the tests)"`` what started before the first test or after the last
+    (installs, image builds), ``"(controller)"`` pytest's own process, ``"(none)"`` what started
+    during the tests under no worker and no daemon (reparented to init)."""
     workers = sorted({row["worker"] for row in profile["timeline"]})
     t0 = profile["t0"]
+    t1 = t0 + max(row["to_s"] for row in profile["timeline"])
     spans = collections.defaultdict(list)  # worker -> [(from, to, module)] in epoch seconds
     for row in profile["timeline"]:
         spans[row["worker"]].append((t0 + row["from_s"], t0 + row["to_s"], row["module"]))
-    worker_of = find_workers(procs, workers)
+    controller, worker_of = find_workers(procs, workers)
     by_pid = {p.pid: p for p in procs}
     totals: dict[str, dict[str, float]] = collections.defaultdict(lambda: {"tests": 0.0, "docker": 0.0})
     names: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -109,6 +118,11 @@ def charge(procs: list[Process], profile: dict, docker: set[str]) -> tuple[dict,
     for p in procs:
         if p.pid in worker_of:
             continue  # the worker's own CPU: the clock's per-module "own" figure
+        if p.pid == controller or not int(t0) <= p.start <= t1:
+            key = "(controller)" if p.pid == controller else "(outside the tests)"
+            totals[key]["tests"] += p.cpu_s
+            names[key][p.comm] += p.cpu_s
+            continue
         worker, in_docker, seen, node = None, False, set(), p
         while node is not None and node.pid not in seen:
             seen.add(node.pid)
@@ -134,7 +148,7 @@ def charge(procs: list[Process], profile: dict, docker: set[str]) -> tuple[dict,
     return dict(totals), dict(names)
 
 
-def table(profile: dict, totals: dict, names: dict, rows: int = 25) -> str:
+def table(profile: dict, totals: dict, names: dict, rows: int = 25, cores: int = 2) -> str:
     """The modules by all the CPU they caused: own (the clock's), started (accounting), Docker."""
     own = {m: c["own_s"] for m, c in profile.get("cpu", {}).items()}
     mods = set(own) | set(totals)
@@ -147,10 +161,12 @@ def table(profile: dict, totals: dict, names: dict, rows: int = 25) -> str:
         t = totals.get(m, {})
         lines.append(f"| {m} | {profile['modules'].get(m, 0.0):.0f} | {every[m]:.0f} | {own.get(m, 0.0):.0f} | "
                      f"{t.get('tests', 0.0):.0f} | {t.get('docker', 0.0):.0f} | {top} |")
-    cpu = sum(every.values())
+    during = {m: v for m, v in every.items() if m != "(outside the tests)"}
+    docker = sum(t["docker"] for m, t in totals.items() if m != "(outside the tests)")
     wall = max(r["to_s"] for r in profile["timeline"]) - min(r["from_s"] for r in profile["timeline"])
-    lines.append(f"\nall CPU {cpu / 60:.1f} min, of which Docker {sum(t['docker'] for t in totals.values()) / 60:.1f}; "
-                 f"the run's {wall / 60:.1f} min of tests offered {2 * wall / 60:.1f} core-minutes on 2 cores")
+    lines.append(f"\nCPU while the tests ran {sum(during.values()) / 60:.1f} min, of which Docker's {docker / 60:.1f}; "
+                 f"the {wall / 60:.1f} min of tests offered {cores * wall / 60:.1f} core-minutes on {cores} cores; "
+                 f"before and after them {every.get('(outside the tests)', 0.0) / 60:.1f} min")
     return "\n".join(lines)
 
 
@@ -159,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("pacct", type=Path, help="the accounting file accton wrote during the run")
     p.add_argument("profile", type=Path, help="the run's SGRPO_TEST_BUDGET_OUT file (tests/time_budget.py)")
     p.add_argument("--rows", type=int, default=25)
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="the machine's cores (default: this one's)")
     args = p.parse_args(argv)
     try:
         profile = json.loads(args.profile.read_text())
@@ -168,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"cpu_by_module: {err}", file=sys.stderr)
         return 2
-    print(table(profile, totals, names, args.rows))
+    print(table(profile, totals, names, args.rows, args.cores))
     return 0
 
 

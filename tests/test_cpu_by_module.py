@@ -19,10 +19,10 @@ cpu_by_module = sys.modules.setdefault("cpu_by_module", importlib.util.module_fr
 SPEC.loader.exec_module(cpu_by_module)
 
 
-def record(pid: int, ppid: int, start: int, cpu_ticks: int, comm: str, version: int = 3) -> bytes:
+def record(pid: int, ppid: int, start: int, cpu_ticks: int, comm: str, version: int = 3, lived_s: float = 1.0) -> bytes:
     """One acct_v3 record; CPU in user ticks (below 8192, so the comp_t mantissa holds it as is)."""
-    return cpu_by_module.RECORD.pack(0, version, 0, 0, 0, 0, pid, ppid, start, 0.0, cpu_ticks, 0, 0, 0, 0, 0, 0, 0,
-                                     comm.encode())
+    return cpu_by_module.RECORD.pack(0, version, 0, 0, 0, 0, pid, ppid, start, lived_s * 100, cpu_ticks, 0, 0, 0, 0,
+                                     0, 0, 0, comm.encode())
 
 
 PROFILE = {"t0": 1000.0, "modules": {"tests/test_a.py": 120.0, "tests/test_b.py": 10.0, "tests/test_docker.py": 200.0},
@@ -33,8 +33,12 @@ PROFILE = {"t0": 1000.0, "modules": {"tests/test_a.py": 120.0, "tests/test_b.py"
 
 
 def test_processes_are_charged_to_the_module_their_worker_ran_and_containers_to_the_docker_module(tmp_path):
-    rows = [record(10, 1, 990, 5, "make"), record(11, 10, 991, 100, "python"),  # pytest, its controller
-            record(12, 11, 995, 3000, "python"), record(13, 11, 996, 3000, "python3"),  # gw0, gw1 (own CPU)
+    # make, its install step, pytest's controller; gw0 and gw1 (own CPU; named by their last thread)
+    # and a short-lived child of the controller; a pip run before the first test
+    rows = [record(10, 1, 989, 5, "make", lived_s=215), record(9, 10, 989, 30, "python", lived_s=1),
+            record(11, 10, 991, 100, "grpc_global_tim", lived_s=212),
+            record(12, 11, 995, 3000, "jemalloc_bg_thd", lived_s=206), record(13, 11, 996, 3000, "python3", lived_s=205),
+            record(14, 11, 1001, 10, "python", lived_s=2), record(15, 1, 992, 300, "pip", lived_s=5),
             record(20, 12, 1010, 400, "pt_main_thread"), record(21, 20, 1015, 250, "ray::IDLE"),  # a: a child, a grandchild
             record(22, 12, 1125, 100, "python"),  # b
             record(30, 13, 1010, 50, "docker"),  # gw1's docker CLI: its module's own process tree
@@ -43,17 +47,19 @@ def test_processes_are_charged_to_the_module_their_worker_ran_and_containers_to_
     pacct = tmp_path / "pacct"
     pacct.write_bytes(b"".join(rows))
     procs = cpu_by_module.read_accounting(pacct)
-    assert procs[4] == cpu_by_module.Process(20, 12, 1010, 4.0, "pt_main_thread")
+    assert procs[7] == cpu_by_module.Process(20, 12, 1010, 4.0, "pt_main_thread", 1.0)
     totals, names = cpu_by_module.charge(procs, PROFILE, {"tests/test_docker.py"})
     assert totals["tests/test_a.py"] == {"tests": 6.5, "docker": 0.0}
     assert totals["tests/test_b.py"] == {"tests": 1.0, "docker": 0.0}
     assert totals["tests/test_docker.py"] == {"tests": 0.5, "docker": 7.0}
-    # make, the controller and init's orphan outside every module; the shim started before any
-    assert totals["(none)"] == pytest.approx({"tests": 0.05 + 1.0 + 0.8, "docker": 0.1})
+    assert totals["(controller)"] == {"tests": 1.0, "docker": 0.0}
+    # make, its install step and the pip run started before the first test; the shim too
+    assert totals["(outside the tests)"] == pytest.approx({"tests": 0.05 + 0.3 + 3.0 + 0.1, "docker": 0.0})
+    assert totals["(none)"] == pytest.approx({"tests": 0.1 + 0.8, "docker": 0.0})  # the short child, init's orphan
     assert names["tests/test_docker.py"]["docker: python3"] == 7.0
-    text = cpu_by_module.table(PROFILE, totals, names)
+    text = cpu_by_module.table(PROFILE, totals, names, cores=2)
     assert "| tests/test_a.py | 120 | 46 | 40 | 6 | 0 | pt_main_thread 4, ray::IDLE 2 |" in text  # own 40 + 6.5 started
-    assert "of which Docker 0.1" in text
+    assert "of which Docker's 0.1; the 3.3 min of tests offered 6.7 core-minutes on 2 cores; before and after them 0.1 min" in text
 
 
 def test_comp_t_is_the_kernels_base_8_float():
