@@ -31,6 +31,7 @@ from openrlhf_sgrpo.inspect.mechanism import MAX_ROWS, mechanism_html, mechanism
 from openrlhf_sgrpo.inspect.view import split_passages, step_view, turn_view
 from openrlhf_sgrpo.mechanism import STRATUM_NAMES
 from openrlhf_sgrpo.rollout_records.store import step_path
+from sandbox.reaper import proc_stat
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = find_chromium()
@@ -299,7 +300,6 @@ def test_a_subreaper_closing_the_browser_keeps_no_zombie_of_it():
     assert json.loads(out.stdout) == [[]] * 4
 
 
-
 def test_a_zombie_seen_parentless_in_one_walk_is_reaped_in_the_next(monkeypatch):
     """The race behind a CI failure of the test above: one walk of /proc read a zombie of the
     browser while its parent was a member and the parent was reaped before its own entry was read,
@@ -310,7 +310,7 @@ def test_a_zombie_seen_parentless_in_one_walk_is_reaped_in_the_next(monkeypatch)
     leader = subprocess.Popen([sys.executable, "-c", "pass"])
     leader.wait()
     orphan = subprocess.Popen([sys.executable, "-c", "pass"])
-    while group_members_state(orphan.pid) != "Z":
+    while process_state(orphan.pid) != "Z":
         time.sleep(0.01)  # ended, not yet reaped: a zombie below this process
     gone_parent = 2 ** 22 + 1  # above the kernel's pid_max: no process has it
     walks = iter([[(orphan.pid, "Z", gone_parent)], [(orphan.pid, "Z", os.getpid())]])
@@ -319,17 +319,15 @@ def test_a_zombie_seen_parentless_in_one_walk_is_reaped_in_the_next(monkeypatch)
     closing._proc = leader
     try:
         assert closing._settle_group(leader.pid, grace_s=5.0)
-        assert group_members_state(orphan.pid) is None  # reaped, not left a zombie
+        assert process_state(orphan.pid) is None  # reaped, not left a zombie
     finally:
         closing._loop.close()
         closing._profile.cleanup()
-        if group_members_state(orphan.pid) == "Z":
+        if process_state(orphan.pid) == "Z":
             orphan.wait()
 
 
-def group_members_state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
     """A process's state letter from /proc, None once it is gone (reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return None
+    stat = proc_stat(f"/proc/{pid}/stat")
+    return stat[1] if stat else None
