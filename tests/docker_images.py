@@ -153,16 +153,22 @@ def build_context(dest: Path, parts: list[str]) -> Path:
     return dest
 
 
+def stage_text(dockerfile: str, stage: str) -> str:
+    """One stage's own lines (to the next FROM), the part of the Dockerfile a build of it reads."""
+    start = dockerfile.index(f"AS {stage}\n")
+    start = dockerfile.rindex("\nFROM ", 0, start) + 1
+    end = dockerfile.find("\nFROM ", start)
+    return dockerfile[start:] if end < 0 else dockerfile[start:end + 1]
+
+
 def stage_only(context: Path, stage: str) -> Path:
     """The Dockerfile's global ARGs plus one stage's own text, as `Dockerfile.<stage>` in `context`.
 
     The classic builder builds every stage before the target (BuildKit skips unneeded ones, but
     it would pull its frontend from a registry): `train` alone must not build `tools` first."""
     text = (context / "Dockerfile").read_text()
-    start = text.index(f"AS {stage}\n")
-    start = text.rindex("\nFROM ", 0, start) + 1
     out = context / f"Dockerfile.{stage}"
-    out.write_text(text[:text.index("\nFROM ") + 1] + text[start:])
+    out.write_text(text[:text.index("\nFROM ") + 1] + stage_text(text, stage))
     return out
 
 
@@ -263,14 +269,6 @@ def image_id(image: str) -> str:
     proc = run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.strip()
-
-
-def stage_text(dockerfile: str, stage: str) -> str:
-    """One stage's own lines (to the next FROM), the part of the Dockerfile a build of it reads."""
-    start = dockerfile.index(f"AS {stage}\n")
-    start = dockerfile.rindex("\nFROM ", 0, start) + 1
-    end = dockerfile.find("\nFROM ", start)
-    return dockerfile[start:] if end < 0 else dockerfile[start:end + 1]
 
 
 def vllm_wheels(dest: Path, closure: dict[str, str]) -> None:

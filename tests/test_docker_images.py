@@ -30,6 +30,8 @@ def test_a_stage_alone_keeps_the_global_args(tmp_path):
     text = stage_only(tmp_path, "train").read_text()
     assert "ARG TRAIN_DEPS_IMAGE=train-deps\n" in text and "AS tools\n" not in text
     assert text.count("\nFROM ") == 1
+    deps = stage_only(tmp_path, "train-deps").read_text()  # a stage before another: its own lines only
+    assert deps.count("\nFROM ") == 1 and "AS train\n" not in deps
 
 
 @pytest.fixture()
